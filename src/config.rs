@@ -1,0 +1,507 @@
+//! Configuration: every policy number of the service, with the defaults of SPEC §8, loaded from
+//! TOML and validated before any port is bound.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file that was asked for.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid config {path}: {source}")]
+    Parse {
+        /// The file that was asked for.
+        path: PathBuf,
+        /// What the TOML parser said.
+        source: Box<toml::de::Error>,
+    },
+    /// The values parse but contradict each other.
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// Everything the orchestrator needs to run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where the orchestrator listens.
+    pub listen: SocketAddr,
+    /// Where each downstream service is.
+    pub downstream: DownstreamAddrs,
+    /// How the caller's deadline is read and spent.
+    pub deadline: DeadlinePolicy,
+    /// Per-step caps, connect timeouts and minimum budgets.
+    pub steps: Steps,
+    /// What to do when fraud cannot answer in time.
+    pub fraud: FraudPolicy,
+    /// `retry_after` values put on answers.
+    pub retry_after: RetryAfterPolicy,
+    /// The background worker that finishes and compensates orders.
+    pub worker: WorkerPolicy,
+    /// How many retries the worker may add on top of first attempts.
+    pub retry_budget: RetryBudgetPolicy,
+    /// How long idempotency records are kept.
+    pub idempotency: IdempotencyPolicy,
+    /// Where orders are recorded.
+    pub store: StoreConfig,
+    /// How long in-flight orders get to finish after SIGINT/SIGTERM.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            downstream: DownstreamAddrs::default(),
+            deadline: DeadlinePolicy::default(),
+            steps: Steps::default(),
+            fraud: FraudPolicy::default(),
+            retry_after: RetryAfterPolicy::default(),
+            worker: WorkerPolicy::default(),
+            retry_budget: RetryBudgetPolicy::default(),
+            idempotency: IdempotencyPolicy::default(),
+            store: StoreConfig::default(),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Addresses (URIs) of the four downstream services.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DownstreamAddrs {
+    /// `cart.v1.CartService`.
+    pub cart: String,
+    /// `fraud.v1.FraudService`.
+    pub fraud: String,
+    /// `inventory.v1.InventoryService`.
+    pub inventory: String,
+    /// `wallet.v1.WalletService`.
+    pub wallet: String,
+}
+
+impl DownstreamAddrs {
+    /// All four services at one address (a `checkout stubs` server).
+    pub fn all_at(uri: &str) -> Self {
+        Self {
+            cart: uri.to_owned(),
+            fraud: uri.to_owned(),
+            inventory: uri.to_owned(),
+            wallet: uri.to_owned(),
+        }
+    }
+}
+
+impl Default for DownstreamAddrs {
+    fn default() -> Self {
+        Self::all_at("http://127.0.0.1:50052")
+    }
+}
+
+/// SPEC §3: reading and spending the caller's deadline.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeadlinePolicy {
+    /// Cap on any deadline, and the deadline when the caller sends none.
+    #[serde(with = "humantime_serde")]
+    pub server_budget_max: Duration,
+    /// Subtracted from `request-deadline-ms` (ADR-0007).
+    #[serde(with = "humantime_serde")]
+    pub request_deadline_ms_reserve: Duration,
+    /// Kept back from every child budget so the answer can still be sent in time.
+    #[serde(with = "humantime_serde")]
+    pub return_reserve: Duration,
+    /// Below this (after the return reserve) a request is refused on arrival.
+    #[serde(with = "humantime_serde")]
+    pub fast_fail_floor: Duration,
+    /// A downstream call is not sent with less than this.
+    #[serde(with = "humantime_serde")]
+    pub min_to_send: Duration,
+    /// Subtracted from an absolute `x-request-deadline` for clock skew between hosts.
+    #[serde(with = "humantime_serde")]
+    pub clock_skew_allowance: Duration,
+}
+
+impl Default for DeadlinePolicy {
+    fn default() -> Self {
+        Self {
+            server_budget_max: Duration::from_millis(2400),
+            request_deadline_ms_reserve: Duration::from_millis(600),
+            return_reserve: Duration::from_millis(50),
+            fast_fail_floor: Duration::from_millis(100),
+            min_to_send: Duration::from_millis(50),
+            clock_skew_allowance: Duration::from_millis(5),
+        }
+    }
+}
+
+/// Limits of one downstream step.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepPolicy {
+    /// The most this step is ever given, whatever the caller has left.
+    #[serde(with = "humantime_serde")]
+    pub cap: Duration,
+    /// TCP connect timeout of the service's channel.
+    #[serde(with = "humantime_serde", default = "default_connect")]
+    pub connect: Duration,
+    /// What this step needs at least; earlier steps leave this much for it.
+    #[serde(with = "humantime_serde", default = "default_min_budget")]
+    pub min_budget: Duration,
+}
+
+fn default_connect() -> Duration {
+    Duration::from_millis(50)
+}
+
+fn default_min_budget() -> Duration {
+    Duration::from_millis(50)
+}
+
+impl StepPolicy {
+    fn new(cap_ms: u64, connect_ms: u64) -> Self {
+        Self {
+            cap: Duration::from_millis(cap_ms),
+            connect: Duration::from_millis(connect_ms),
+            min_budget: default_min_budget(),
+        }
+    }
+}
+
+/// One [`StepPolicy`] per step of the flow.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Steps {
+    /// `cart.FreezeCart`.
+    pub cart: StepPolicy,
+    /// `fraud.Score`.
+    pub fraud: StepPolicy,
+    /// `inventory.Reserve`.
+    pub inventory: StepPolicy,
+    /// `wallet.Hold`; its `connect` is the wallet channel's.
+    pub wallet_hold: StepPolicy,
+    /// `wallet.LookupByReference` after an ambiguous hold; shares the wallet channel.
+    pub wallet_lookup: StepPolicy,
+}
+
+impl Default for Steps {
+    fn default() -> Self {
+        Self {
+            cart: StepPolicy::new(300, 50),
+            fraud: StepPolicy::new(450, 50),
+            inventory: StepPolicy::new(150, 50),
+            wallet_hold: StepPolicy::new(800, 200),
+            wallet_lookup: StepPolicy::new(300, 200),
+        }
+    }
+}
+
+/// What happens when fraud times out or is unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FraudOnTimeout {
+    /// Proceed to the hold; answer PENDING `FRAUD_REVIEW`; the worker re-scores.
+    Review,
+    /// Decline the order (retryable: nothing was applied).
+    Decline,
+}
+
+/// `fraud.*` keys.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FraudPolicy {
+    /// See [`FraudOnTimeout`].
+    pub on_timeout: FraudOnTimeout,
+}
+
+impl Default for FraudPolicy {
+    fn default() -> Self {
+        Self {
+            on_timeout: FraudOnTimeout::Review,
+        }
+    }
+}
+
+/// `retry_after.*` keys (ADR-0007).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryAfterPolicy {
+    /// After a downstream was unavailable or timed out.
+    #[serde(with = "humantime_serde")]
+    pub unavailable: Duration,
+    /// While an order is in flight or pending.
+    #[serde(with = "humantime_serde")]
+    pub pending: Duration,
+}
+
+impl Default for RetryAfterPolicy {
+    fn default() -> Self {
+        Self {
+            unavailable: Duration::from_secs(2),
+            pending: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `worker.*` keys.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerPolicy {
+    /// Deadline of each job attempt's downstream call.
+    #[serde(with = "humantime_serde")]
+    pub attempt_timeout: Duration,
+    /// Exponential backoff base (full jitter).
+    #[serde(with = "humantime_serde")]
+    pub backoff_base: Duration,
+    /// Exponential backoff cap.
+    #[serde(with = "humantime_serde")]
+    pub backoff_cap: Duration,
+    /// Failed attempts after which a job is parked for an operator.
+    pub max_attempts: u32,
+    /// How long a claimed job belongs to one worker before another may take it.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// How often the worker looks for due jobs when idle.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Jobs worked at once by one process.
+    pub concurrency: usize,
+    /// How long after an unknown wallet outcome the reconciler waits before re-sending the hold.
+    #[serde(with = "humantime_serde")]
+    pub settle_window: Duration,
+    /// How long after its deadline an undecided order is taken over by the worker.
+    #[serde(with = "humantime_serde")]
+    pub takeover_grace: Duration,
+    /// How often terminal records past retention are purged.
+    #[serde(with = "humantime_serde")]
+    pub purge_interval: Duration,
+}
+
+impl Default for WorkerPolicy {
+    fn default() -> Self {
+        Self {
+            attempt_timeout: Duration::from_secs(2),
+            backoff_base: Duration::from_millis(200),
+            backoff_cap: Duration::from_secs(30),
+            max_attempts: 20,
+            lease: Duration::from_secs(10),
+            poll_interval: Duration::from_millis(100),
+            concurrency: 32,
+            settle_window: Duration::from_secs(2),
+            takeover_grace: Duration::from_secs(2),
+            purge_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `retry_budget.*` keys (seed 002; tower's `TpsBudget`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryBudgetPolicy {
+    /// Retries allowed as a percentage of first attempts.
+    pub percent: f64,
+    /// Window over which first attempts are counted.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Retries per second allowed regardless of traffic.
+    pub floor_per_second: u32,
+}
+
+impl Default for RetryBudgetPolicy {
+    fn default() -> Self {
+        Self {
+            percent: 8.0,
+            window: Duration::from_secs(10),
+            floor_per_second: 10,
+        }
+    }
+}
+
+/// `idempotency.*` keys.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IdempotencyPolicy {
+    /// How long a terminal order (and so its idempotency key) is kept.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+}
+
+impl Default for IdempotencyPolicy {
+    fn default() -> Self {
+        Self {
+            retention: Duration::from_secs(48 * 3600),
+        }
+    }
+}
+
+/// How SQLite makes commits durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SqliteSynchronous {
+    /// fsync on every commit: survives power loss.
+    Full,
+    /// fsync at checkpoints only: survives a process crash, may lose the last commits on power loss.
+    Normal,
+}
+
+/// `store.*` keys.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Directory of the embedded SQLite database (`checkout.db`).
+    pub data_dir: PathBuf,
+    /// A `postgres://` URL selects PostgreSQL instead of SQLite.
+    pub database_url: Option<String>,
+    /// SQLite durability.
+    pub sqlite_synchronous: SqliteSynchronous,
+    /// Connections in the pool (PostgreSQL; SQLite readers).
+    pub max_connections: u32,
+    /// Bound on store calls made outside a request (worker, GetOrder, startup).
+    #[serde(with = "humantime_serde")]
+    pub background_timeout: Duration,
+    /// Kept back from the remaining budget for PostgreSQL's `statement_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub statement_guard: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("data"),
+            database_url: None,
+            sqlite_synchronous: SqliteSynchronous::Full,
+            max_connections: 16,
+            background_timeout: Duration::from_secs(5),
+            statement_guard: Duration::from_millis(5),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a TOML file; keys not in the file keep their defaults.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let config: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks that the numbers agree with each other.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let d = &self.deadline;
+        let bad = |msg: String| Err(ConfigError::Invalid(msg));
+        if d.server_budget_max <= d.return_reserve + d.fast_fail_floor {
+            return bad(format!(
+                "deadline.server_budget_max ({:?}) must exceed return_reserve + fast_fail_floor",
+                d.server_budget_max
+            ));
+        }
+        if d.min_to_send.is_zero() {
+            return bad("deadline.min_to_send must be above zero".into());
+        }
+        for (name, step) in self.steps.named() {
+            if step.cap < d.min_to_send {
+                return bad(format!(
+                    "steps.{name}.cap ({:?}) is below deadline.min_to_send ({:?}): the step could never be sent",
+                    step.cap, d.min_to_send
+                ));
+            }
+            if step.connect >= step.cap {
+                return bad(format!(
+                    "steps.{name}.connect ({:?}) must be below its cap ({:?})",
+                    step.connect, step.cap
+                ));
+            }
+            if step.min_budget < d.min_to_send {
+                return bad(format!(
+                    "steps.{name}.min_budget ({:?}) is below deadline.min_to_send",
+                    step.min_budget
+                ));
+            }
+        }
+        let w = &self.worker;
+        if w.lease <= w.attempt_timeout {
+            return bad("worker.lease must exceed worker.attempt_timeout".into());
+        }
+        if w.max_attempts == 0 || w.concurrency == 0 {
+            return bad("worker.max_attempts and worker.concurrency must be at least 1".into());
+        }
+        if w.backoff_base.is_zero() || w.backoff_cap < w.backoff_base {
+            return bad("worker.backoff_base must be above zero and at most backoff_cap".into());
+        }
+        let r = &self.retry_budget;
+        if !(0.0..=1000.0).contains(&r.percent) || r.window < Duration::from_secs(1) {
+            return bad("retry_budget.percent must be 0-1000 and window at least 1s".into());
+        }
+        if let Some(url) = &self.store.database_url {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return bad(format!(
+                    "store.database_url must be a postgres:// URL (got {url:?}); leave it unset for SQLite"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Steps {
+    /// Every step with its config name.
+    pub fn named(&self) -> [(&'static str, &StepPolicy); 5] {
+        [
+            ("cart", &self.cart),
+            ("fraud", &self.fraud),
+            ("inventory", &self.inventory),
+            ("wallet_hold", &self.wallet_hold),
+            ("wallet_lookup", &self.wallet_lookup),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_spec_and_validate() {
+        let c = Config::default();
+        c.validate().expect("defaults are valid");
+        assert_eq!(c.deadline.server_budget_max, Duration::from_millis(2400));
+        assert_eq!(c.steps.wallet_hold.cap, Duration::from_millis(800));
+        assert_eq!(c.steps.wallet_hold.connect, Duration::from_millis(200));
+        assert_eq!(c.steps.inventory.cap, Duration::from_millis(150));
+        assert_eq!(c.retry_budget.percent, 8.0);
+    }
+
+    #[test]
+    fn the_sample_deploy_config_is_the_defaults() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/checkout.toml");
+        let loaded = Config::load(&path).expect("deploy/checkout.toml loads");
+        assert_eq!(format!("{loaded:?}"), format!("{:?}", Config::default()));
+    }
+
+    #[test]
+    fn unknown_keys_and_contradictions_are_refused() {
+        let unknown: Result<Config, _> = toml::from_str("[deadline]\nserver_budget = \"1s\"\n");
+        assert!(unknown.is_err());
+        let mut c = Config::default();
+        c.steps.cart.connect = Duration::from_millis(400);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("steps.cart.connect"), "{err}");
+    }
+}

@@ -1,0 +1,255 @@
+//! Reads the caller's deadline from inbound metadata: every source present is parsed, malformed
+//! values are refused, and the earliest deadline wins, capped at `server_budget_max`.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use tonic::metadata::MetadataMap;
+
+use super::{Deadline, DeadlineSource, epoch_ms, grpc_timeout};
+use crate::config::DeadlinePolicy;
+
+/// The gRPC wire deadline (relative).
+pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+/// Absolute deadline in epoch milliseconds (seed 001).
+pub const X_REQUEST_DEADLINE: &str = "x-request-deadline";
+/// Relative deadline in milliseconds (ADR-0007).
+pub const REQUEST_DEADLINE_MS: &str = "request-deadline-ms";
+
+/// A deadline header that cannot be trusted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed {header} {value:?}: {reason}")]
+pub struct IngestError {
+    /// The offending header.
+    pub header: &'static str,
+    /// Its raw value (lossy for non-ASCII).
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Reads the deadline of a request that arrived now.
+pub fn ingest(metadata: &MetadataMap, policy: &DeadlinePolicy) -> Result<Deadline, IngestError> {
+    ingest_at(metadata, policy, Instant::now(), SystemTime::now())
+}
+
+/// [`ingest`] with the arrival instant and wall clock given (for tests).
+pub fn ingest_at(
+    metadata: &MetadataMap,
+    policy: &DeadlinePolicy,
+    arrived: Instant,
+    wall: SystemTime,
+) -> Result<Deadline, IngestError> {
+    let now_ms = epoch_ms(wall);
+    let mut best: Option<(Duration, DeadlineSource)> = None;
+    let mut consider = |remaining: Duration, source| {
+        if best.is_none_or(|(b, _)| remaining < b) {
+            best = Some((remaining, source));
+        }
+    };
+
+    if let Some(raw) = single(metadata, GRPC_TIMEOUT)? {
+        let timeout = grpc_timeout::parse(raw).map_err(|e| malformed(GRPC_TIMEOUT, raw, e))?;
+        consider(timeout, DeadlineSource::GrpcTimeout);
+    }
+    let mut caller_epoch_ms = None;
+    if let Some(raw) = single(metadata, X_REQUEST_DEADLINE)? {
+        let at_ms = non_negative_integer(X_REQUEST_DEADLINE, raw)?;
+        let at_ms =
+            i64::try_from(at_ms).map_err(|_| malformed(X_REQUEST_DEADLINE, raw, "too large"))?;
+        caller_epoch_ms = Some(at_ms);
+        let skew = i64::try_from(policy.clock_skew_allowance.as_millis()).unwrap_or(i64::MAX);
+        let left_ms = at_ms.saturating_sub(now_ms).saturating_sub(skew).max(0);
+        consider(
+            Duration::from_millis(left_ms.unsigned_abs()),
+            DeadlineSource::XRequestDeadline,
+        );
+    }
+    if let Some(raw) = single(metadata, REQUEST_DEADLINE_MS)? {
+        let ms = non_negative_integer(REQUEST_DEADLINE_MS, raw)?;
+        let effective = Duration::from_millis(ms)
+            .saturating_sub(policy.request_deadline_ms_reserve)
+            .min(policy.server_budget_max);
+        consider(effective, DeadlineSource::RequestDeadlineMs);
+    }
+
+    let (budget, source) = best.unwrap_or((policy.server_budget_max, DeadlineSource::Default));
+    let budget = budget.min(policy.server_budget_max);
+    let mut deadline = Deadline::starting_at(arrived, budget, source);
+    deadline.forward_epoch_ms =
+        caller_epoch_ms.unwrap_or(now_ms + i64::try_from(budget.as_millis()).unwrap_or(i64::MAX));
+    Ok(deadline)
+}
+
+/// The header's value, if sent once; sending a deadline header twice is ambiguous, so refused.
+fn single<'m>(
+    metadata: &'m MetadataMap,
+    header: &'static str,
+) -> Result<Option<&'m str>, IngestError> {
+    let mut values = metadata.get_all(header).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(IngestError {
+            header,
+            value: String::from_utf8_lossy(first.as_encoded_bytes()).into_owned(),
+            reason: "sent more than once".into(),
+        });
+    }
+    first.to_str().map(Some).map_err(|_| {
+        malformed(
+            header,
+            &String::from_utf8_lossy(first.as_encoded_bytes()),
+            "not ASCII",
+        )
+    })
+}
+
+fn non_negative_integer(header: &'static str, raw: &str) -> Result<u64, IngestError> {
+    if raw.is_empty() || raw.len() > 19 || !raw.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(malformed(
+            header,
+            raw,
+            "expected a non-negative integer of milliseconds",
+        ));
+    }
+    raw.parse().map_err(|_| malformed(header, raw, "too large"))
+}
+
+fn malformed(header: &'static str, value: &str, reason: impl ToString) -> IngestError {
+    IngestError {
+        header,
+        value: value.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn md(pairs: &[(&'static str, &str)]) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        for (k, v) in pairs {
+            m.append(*k, v.parse().expect("ascii"));
+        }
+        m
+    }
+
+    fn run(pairs: &[(&'static str, &str)]) -> Result<Deadline, IngestError> {
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_000);
+        ingest_at(&md(pairs), &DeadlinePolicy::default(), Instant::now(), wall)
+    }
+
+    #[test]
+    fn no_header_grants_the_server_budget() {
+        let d = run(&[]).expect("ok");
+        assert_eq!(d.granted(), Duration::from_millis(2400));
+        assert_eq!(d.source(), DeadlineSource::Default);
+        assert_eq!(d.forward_epoch_ms(), 1_800_000_002_400);
+    }
+
+    #[test]
+    fn grpc_timeout_is_read_and_capped() {
+        let d = run(&[(GRPC_TIMEOUT, "1000m")]).expect("ok");
+        assert_eq!(
+            (d.granted(), d.source()),
+            (Duration::from_secs(1), DeadlineSource::GrpcTimeout)
+        );
+        let capped = run(&[(GRPC_TIMEOUT, "30S")]).expect("ok");
+        assert_eq!(capped.granted(), Duration::from_millis(2400));
+    }
+
+    #[test]
+    fn x_request_deadline_subtracts_skew_and_is_forwarded_unchanged() {
+        let d = run(&[(X_REQUEST_DEADLINE, "1800000001000")]).expect("ok");
+        assert_eq!(d.granted(), Duration::from_millis(995));
+        assert_eq!(d.source(), DeadlineSource::XRequestDeadline);
+        assert_eq!(d.forward_epoch_ms(), 1_800_000_001_000);
+        let past = run(&[(X_REQUEST_DEADLINE, "1799999999000")]).expect("ok");
+        assert_eq!(past.granted(), Duration::ZERO);
+    }
+
+    #[test]
+    fn request_deadline_ms_follows_the_adr_clamp() {
+        let d = run(&[(REQUEST_DEADLINE_MS, "3000")]).expect("ok");
+        assert_eq!(d.granted(), Duration::from_millis(2400));
+        let d = run(&[(REQUEST_DEADLINE_MS, "1500")]).expect("ok");
+        assert_eq!(d.granted(), Duration::from_millis(900));
+        let d = run(&[(REQUEST_DEADLINE_MS, "400")]).expect("ok");
+        assert_eq!(d.granted(), Duration::ZERO);
+        assert_eq!(d.source(), DeadlineSource::RequestDeadlineMs);
+    }
+
+    #[test]
+    fn the_earliest_source_wins() {
+        let d = run(&[
+            (GRPC_TIMEOUT, "2S"),
+            (X_REQUEST_DEADLINE, "1800000001500"),
+            (REQUEST_DEADLINE_MS, "2000"),
+        ])
+        .expect("ok");
+        assert_eq!(
+            (d.granted(), d.source()),
+            (
+                Duration::from_millis(1400),
+                DeadlineSource::RequestDeadlineMs
+            )
+        );
+        let d = run(&[
+            (GRPC_TIMEOUT, "700m"),
+            (X_REQUEST_DEADLINE, "1800000001500"),
+        ])
+        .expect("ok");
+        assert_eq!(d.source(), DeadlineSource::GrpcTimeout);
+        assert_eq!(
+            d.forward_epoch_ms(),
+            1_800_000_001_500,
+            "the caller's absolute deadline is forwarded unchanged"
+        );
+    }
+
+    #[test]
+    fn malformed_values_name_their_header() {
+        for (header, value) in [
+            (GRPC_TIMEOUT, "100"),
+            (GRPC_TIMEOUT, "123456789m"),
+            (GRPC_TIMEOUT, ""),
+            (X_REQUEST_DEADLINE, "soon"),
+            (X_REQUEST_DEADLINE, "-5"),
+            (X_REQUEST_DEADLINE, "99999999999999999999"),
+            (REQUEST_DEADLINE_MS, "1.5"),
+            (REQUEST_DEADLINE_MS, ""),
+        ] {
+            let err = run(&[(header, value)]).expect_err(value);
+            assert_eq!(err.header, header, "{value}");
+        }
+        let twice = run(&[(GRPC_TIMEOUT, "1S"), (GRPC_TIMEOUT, "2S")]).expect_err("twice");
+        assert_eq!(twice.reason, "sent more than once");
+    }
+
+    proptest! {
+        #[test]
+        fn granted_never_exceeds_the_cap_or_any_source(t in 0u64..100_000, x in 0i64..100_000, r in 0u64..100_000) {
+            let d = run(&[
+                (GRPC_TIMEOUT, &format!("{t}m")),
+                (X_REQUEST_DEADLINE, &(1_800_000_000_000 + x).to_string()),
+                (REQUEST_DEADLINE_MS, &r.to_string()),
+            ]).expect("valid");
+            let g = d.granted();
+            prop_assert!(g <= Duration::from_millis(2400));
+            prop_assert!(g <= Duration::from_millis(t));
+            prop_assert!(g <= Duration::from_millis(x.unsigned_abs()));
+            prop_assert!(g <= Duration::from_millis(r));
+        }
+
+        #[test]
+        fn arbitrary_x_request_deadline_values_either_parse_or_name_the_header(s in "[ -~]{0,24}") {
+            match run(&[(X_REQUEST_DEADLINE, &s)]) {
+                Ok(d) => prop_assert!(s.bytes().all(|b| b.is_ascii_digit()) && d.granted() <= Duration::from_millis(2400)),
+                Err(e) => prop_assert_eq!(e.header, X_REQUEST_DEADLINE),
+            }
+        }
+    }
+}

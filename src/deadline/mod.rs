@@ -1,0 +1,124 @@
+//! The caller's deadline: read once at ingress (SPEC §3), then the only clock every later step
+//! spends from.
+
+pub mod grpc_timeout;
+mod ingest;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub use ingest::{
+    GRPC_TIMEOUT, IngestError, REQUEST_DEADLINE_MS, X_REQUEST_DEADLINE, ingest, ingest_at,
+};
+
+/// Which inbound source set the deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadlineSource {
+    /// The gRPC `grpc-timeout` header (relative).
+    GrpcTimeout,
+    /// `x-request-deadline`: absolute epoch milliseconds.
+    XRequestDeadline,
+    /// `request-deadline-ms`: relative milliseconds, ADR-0007 clamp.
+    RequestDeadlineMs,
+    /// None was sent: `server_budget_max`.
+    Default,
+}
+
+impl DeadlineSource {
+    /// The name reported in `BudgetReport.deadline_source`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GrpcTimeout => "grpc-timeout",
+            Self::XRequestDeadline => "x-request-deadline",
+            Self::RequestDeadlineMs => "request-deadline-ms",
+            Self::Default => "default",
+        }
+    }
+}
+
+/// One operation's deadline: when it started, when the caller stops caring, and the absolute
+/// deadline to forward downstream.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    /// Ingress: offsets in the budget waterfall are measured from here.
+    started: Instant,
+    /// After this instant nobody is waiting for the answer.
+    at: Instant,
+    /// Forwarded as `x-request-deadline`: the caller's value unchanged, or ours if it sent none.
+    forward_epoch_ms: i64,
+    /// Which source won.
+    source: DeadlineSource,
+}
+
+impl Deadline {
+    /// A deadline `budget` from `started`, as if the caller had sent no header.
+    pub fn starting_at(started: Instant, budget: Duration, source: DeadlineSource) -> Self {
+        let forward_epoch_ms = epoch_ms(SystemTime::now()) + millis_i64(budget);
+        Self {
+            started,
+            at: started + budget,
+            forward_epoch_ms,
+            source,
+        }
+    }
+
+    /// A fresh deadline for background work (`worker.attempt_timeout`), forwarded downstream too.
+    pub fn after(budget: Duration) -> Self {
+        Self::starting_at(Instant::now(), budget, DeadlineSource::Default)
+    }
+
+    /// The budget granted at ingress.
+    pub fn granted(&self) -> Duration {
+        self.at.saturating_duration_since(self.started)
+    }
+
+    /// What is left now (zero once passed).
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    /// Time since ingress.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The ingress instant.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The deadline instant.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
+    /// Which header set this deadline.
+    pub fn source(&self) -> DeadlineSource {
+        self.source
+    }
+
+    /// The value to send as `x-request-deadline`.
+    pub fn forward_epoch_ms(&self) -> i64 {
+        self.forward_epoch_ms
+    }
+
+    /// This deadline moved earlier by `by` (e.g. the return reserve): the instant by which an
+    /// answer must be ready.
+    pub fn minus(&self, by: Duration) -> Instant {
+        self.at
+            .checked_sub(by)
+            .unwrap_or(self.started)
+            .max(self.started)
+    }
+}
+
+/// Milliseconds since the Unix epoch (negative before 1970, which no clock here reports).
+pub fn epoch_ms(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => millis_i64(d),
+        Err(e) => -millis_i64(e.duration()),
+    }
+}
+
+fn millis_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

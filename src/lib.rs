@@ -1,0 +1,14 @@
+//! A gRPC checkout orchestrator that spends one caller-owned deadline end to end.
+//!
+//! A caller places an order with one deadline. The orchestrator calls cart, fraud, inventory and
+//! wallet with child deadlines carved out of what remains, cancels branches that stop mattering,
+//! records the order durably before any money moves, and always answers in time with CONFIRMED,
+//! DECLINED or PENDING. A background worker finishes or compensates what a deadline cut short.
+//!
+//! # Layout
+//! - [`deadline`]: reading the caller's deadline from metadata (`grpc-timeout`, ...).
+//! - [`config`]: every policy number, with the spec's defaults.
+
+pub mod config;
+pub mod deadline;
+pub mod proto;

@@ -1,0 +1,2 @@
+//! The `checkout` binary.
+fn main() {}
