@@ -11,4 +11,5 @@
 
 pub mod config;
 pub mod deadline;
+pub mod introspection;
 pub mod proto;
