@@ -8,8 +8,10 @@
 //! # Layout
 //! - [`deadline`]: reading the caller's deadline from metadata (`grpc-timeout`, ...).
 //! - [`config`]: every policy number, with the spec's defaults.
+//! - [`store`]: durable orders and follow-up jobs (SQLite by default, PostgreSQL for replicas).
 
 pub mod config;
 pub mod deadline;
 pub mod introspection;
 pub mod proto;
+pub mod store;

@@ -1,0 +1,313 @@
+//! The records the store keeps and the errors it returns.
+
+use std::time::Duration;
+
+/// Why a store call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store did not answer within the allowed time.
+    #[error("store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store could not be reached or refused the operation.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A stored row could not be understood (schema drift, corruption).
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+}
+
+/// How long a request-path store call may take: the caller's remaining budget, or the
+/// background limit for work nobody is waiting on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeLimit(pub Duration);
+
+/// An amount of money in minor units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Money {
+    /// ISO 4217 code.
+    pub currency: String,
+    /// Minor units (cents).
+    pub minor_units: i64,
+}
+
+/// Outcome of an order as the caller sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderStatus {
+    /// Not decided yet: in flight on the request path, or owned by the worker.
+    Pending,
+    /// Money is held and will be captured.
+    Confirmed,
+    /// Nothing will be captured; compensations (releases) may still be running.
+    Declined,
+}
+
+impl OrderStatus {
+    /// Stable text used in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Confirmed => "CONFIRMED",
+            Self::Declined => "DECLINED",
+        }
+    }
+
+    /// Parses [`OrderStatus::as_str`].
+    pub fn parse(s: &str) -> Result<Self, StoreError> {
+        match s {
+            "PENDING" => Ok(Self::Pending),
+            "CONFIRMED" => Ok(Self::Confirmed),
+            "DECLINED" => Ok(Self::Declined),
+            other => Err(StoreError::Corrupt(format!(
+                "unknown order status {other:?}"
+            ))),
+        }
+    }
+
+    /// CONFIRMED or DECLINED.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Self::Pending)
+    }
+}
+
+/// How far the request path got: what a worker taking the order over may assume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Recorded; downstream calls may have started, but no wallet hold was sent.
+    Received,
+    /// A wallet hold with the order id as reference may have been sent.
+    HoldSent,
+    /// A decision was written (status may still be PENDING, owned by a job).
+    Decided,
+}
+
+impl Phase {
+    /// Stable text used in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Received => "RECEIVED",
+            Self::HoldSent => "HOLD_SENT",
+            Self::Decided => "DECIDED",
+        }
+    }
+
+    /// Parses [`Phase::as_str`].
+    pub fn parse(s: &str) -> Result<Self, StoreError> {
+        match s {
+            "RECEIVED" => Ok(Self::Received),
+            "HOLD_SENT" => Ok(Self::HoldSent),
+            "DECIDED" => Ok(Self::Decided),
+            other => Err(StoreError::Corrupt(format!("unknown phase {other:?}"))),
+        }
+    }
+}
+
+/// What `begin` records for a new order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewOrder {
+    /// Deterministic from (scope, idempotency key).
+    pub order_id: String,
+    /// `<x-client-id>:checkout`.
+    pub scope: String,
+    /// The caller's key.
+    pub idempotency_key: String,
+    /// Hex SHA-256 of the canonical request.
+    pub request_hash: String,
+    /// Request fields, kept so the worker can finish the order.
+    pub customer_id: String,
+    /// Request field.
+    pub cart_id: String,
+    /// Request field.
+    pub wallet_account_id: String,
+    /// Request field.
+    pub expected_total: Option<Money>,
+    /// The caller's deadline, epoch ms.
+    pub deadline_ms: i64,
+    /// Now, epoch ms.
+    pub created_at_ms: i64,
+}
+
+/// One order as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderRecord {
+    /// What `begin` recorded.
+    pub order: NewOrder,
+    /// Request-path progress.
+    pub phase: Phase,
+    /// Current outcome.
+    pub status: OrderStatus,
+    /// Machine reason code (empty when CONFIRMED).
+    pub reason: String,
+    /// DECLINED: a new attempt with a new key is safe and may succeed.
+    pub retryable: bool,
+    /// Advice to the caller, milliseconds.
+    pub retry_after_ms: Option<i64>,
+    /// The frozen cart total, once known.
+    pub total: Option<Money>,
+    /// The wallet's hold id, once known.
+    pub hold_id: Option<String>,
+    /// When HOLD_SENT was recorded, epoch ms.
+    pub hold_sent_at_ms: Option<i64>,
+    /// The fraud verdict is still owed (FRAUD_REVIEW path).
+    pub fraud_review: bool,
+    /// Last change, epoch ms.
+    pub updated_at_ms: i64,
+    /// Kinds of this order's parked jobs.
+    pub parked_jobs: Vec<JobKind>,
+}
+
+/// Result of [`super::OrderStore::begin`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begin {
+    /// This call created the order: it owns the request path.
+    Created(OrderRecord),
+    /// The order id already existed; here is its record.
+    Existing(OrderRecord),
+}
+
+/// A change of an order's outcome, with the jobs it implies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Which order.
+    pub order_id: String,
+    /// New outcome.
+    pub status: OrderStatus,
+    /// New reason.
+    pub reason: String,
+    /// New retryable flag.
+    pub retryable: bool,
+    /// New retry advice.
+    pub retry_after_ms: Option<i64>,
+    /// Frozen total, if known now (kept if `None`).
+    pub total: Option<Money>,
+    /// Hold id, if known now (kept if `None`).
+    pub hold_id: Option<String>,
+    /// Whether the fraud verdict is still owed.
+    pub fraud_review: bool,
+    /// Jobs to add (a job of a kind the order already has is left as it is, unless listed in
+    /// `reschedule`).
+    pub jobs: Vec<NewJob>,
+    /// Job kinds of this order to mark done (e.g. the `drive_order` takeover once decided).
+    pub complete: Vec<JobKind>,
+    /// Now, epoch ms.
+    pub at_ms: i64,
+}
+
+/// The kinds of background work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum JobKind {
+    /// Finish an order the request path did not decide (budget exhausted, crash, store slow).
+    DriveOrder,
+    /// Ask fraud again for an order that was held while fraud could not answer.
+    FraudRescore,
+    /// Find out by reference whether an unknown or abandoned hold exists.
+    WalletReconcile,
+    /// Capture a held amount of a CONFIRMED order.
+    WalletCapture,
+    /// Release a hold of an order that will not be captured.
+    WalletRelease,
+    /// Commit the inventory reservation of a CONFIRMED order.
+    InventoryCommit,
+    /// Release the inventory reservation of an order that will not complete.
+    InventoryRelease,
+}
+
+impl JobKind {
+    /// Every kind.
+    pub const ALL: [JobKind; 7] = [
+        Self::DriveOrder,
+        Self::FraudRescore,
+        Self::WalletReconcile,
+        Self::WalletCapture,
+        Self::WalletRelease,
+        Self::InventoryCommit,
+        Self::InventoryRelease,
+    ];
+
+    /// Stable text used in the database and in `Order.parked_jobs`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DriveOrder => "drive_order",
+            Self::FraudRescore => "fraud_rescore",
+            Self::WalletReconcile => "wallet_reconcile",
+            Self::WalletCapture => "wallet_capture",
+            Self::WalletRelease => "wallet_release",
+            Self::InventoryCommit => "inventory_commit",
+            Self::InventoryRelease => "inventory_release",
+        }
+    }
+
+    /// Parses [`JobKind::as_str`].
+    pub fn parse(s: &str) -> Result<Self, StoreError> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown job kind {s:?}")))
+    }
+}
+
+/// A job to add.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewJob {
+    /// What to do.
+    pub kind: JobKind,
+    /// Not before, epoch ms.
+    pub run_at_ms: i64,
+    /// Replace the run time (and reset attempts) if the order already has a pending job of this
+    /// kind — used to hand a `drive_order` takeover to the worker at once.
+    pub reschedule: bool,
+}
+
+/// A leased job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// Row id.
+    pub id: i64,
+    /// Its order.
+    pub order_id: String,
+    /// What to do.
+    pub kind: JobKind,
+    /// Failed attempts so far (0 = this is the first attempt).
+    pub attempts: u32,
+    /// Who holds the lease.
+    pub lease_owner: String,
+    /// The lease token: the lease is lost if another claim changed it.
+    pub lease_until_ms: i64,
+}
+
+/// How one job attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// Finished; optionally decides the order in the same transaction.
+    Done(Option<Decision>),
+    /// Try again at `run_at_ms`. `failed` counts a failed attempt (toward parking); a wait that
+    /// is not a failure (settle window, spent retry budget) does not.
+    RetryAt {
+        /// Not before, epoch ms.
+        run_at_ms: i64,
+        /// Counts toward `max_attempts`.
+        failed: bool,
+        /// What went wrong, for operators.
+        error: String,
+    },
+    /// Give up until an operator looks: kept, counted, listed on the order. If the order is
+    /// PENDING its reason becomes `PARKED`.
+    Park {
+        /// The last error.
+        error: String,
+        /// Now, epoch ms.
+        at_ms: i64,
+    },
+}
+
+/// Counts for operators.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobStats {
+    /// Jobs waiting to run.
+    pub pending: u64,
+    /// Jobs parked after `max_attempts`.
+    pub parked: u64,
+    /// Jobs finished (until purged with their order).
+    pub done: u64,
+    /// Orders still PENDING.
+    pub orders_pending: u64,
+}
