@@ -24,6 +24,9 @@ pub fn add_to(routes: &mut RoutesBuilder) -> Result<HealthReporter, Introspectio
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let (reporter, health) = tonic_health::server::health_reporter();
-    routes.add_service(v1).add_service(v1alpha).add_service(health);
+    routes
+        .add_service(v1)
+        .add_service(v1alpha)
+        .add_service(health);
     Ok(reporter)
 }

@@ -74,10 +74,14 @@ pub fn ingest_at(
 
     let (budget, source) = best.unwrap_or((policy.server_budget_max, DeadlineSource::Default));
     let budget = budget.min(policy.server_budget_max);
-    let mut deadline = Deadline::starting_at(arrived, budget, source);
-    deadline.forward_epoch_ms =
-        caller_epoch_ms.unwrap_or(now_ms + i64::try_from(budget.as_millis()).unwrap_or(i64::MAX));
-    Ok(deadline)
+    let at_epoch_ms = now_ms.saturating_add(i64::try_from(budget.as_millis()).unwrap_or(i64::MAX));
+    Ok(Deadline {
+        started: arrived,
+        at: arrived + budget,
+        at_epoch_ms,
+        forward_epoch_ms: caller_epoch_ms.unwrap_or(at_epoch_ms),
+        source,
+    })
 }
 
 /// The header's value, if sent once; sending a deadline header twice is ambiguous, so refused.
@@ -148,6 +152,7 @@ mod tests {
         assert_eq!(d.granted(), Duration::from_millis(2400));
         assert_eq!(d.source(), DeadlineSource::Default);
         assert_eq!(d.forward_epoch_ms(), 1_800_000_002_400);
+        assert_eq!(d.at_epoch_ms(), 1_800_000_002_400);
     }
 
     #[test]

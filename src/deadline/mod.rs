@@ -43,6 +43,8 @@ pub struct Deadline {
     started: Instant,
     /// After this instant nobody is waiting for the answer.
     at: Instant,
+    /// Our (possibly capped) deadline on the wall clock, epoch ms: what the store records.
+    at_epoch_ms: i64,
     /// Forwarded as `x-request-deadline`: the caller's value unchanged, or ours if it sent none.
     forward_epoch_ms: i64,
     /// Which source won.
@@ -52,11 +54,12 @@ pub struct Deadline {
 impl Deadline {
     /// A deadline `budget` from `started`, as if the caller had sent no header.
     pub fn starting_at(started: Instant, budget: Duration, source: DeadlineSource) -> Self {
-        let forward_epoch_ms = epoch_ms(SystemTime::now()) + millis_i64(budget);
+        let at_epoch_ms = epoch_ms(SystemTime::now()).saturating_add(millis_i64(budget));
         Self {
             started,
             at: started + budget,
-            forward_epoch_ms,
+            at_epoch_ms,
+            forward_epoch_ms: at_epoch_ms,
             source,
         }
     }
@@ -94,6 +97,11 @@ impl Deadline {
     /// Which header set this deadline.
     pub fn source(&self) -> DeadlineSource {
         self.source
+    }
+
+    /// The deadline on the wall clock, epoch ms.
+    pub fn at_epoch_ms(&self) -> i64 {
+        self.at_epoch_ms
     }
 
     /// The value to send as `x-request-deadline`.

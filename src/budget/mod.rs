@@ -1,0 +1,285 @@
+//! Child budgets carved out of the caller's deadline (SPEC §3).
+//!
+//! A step gets `min(step.cap, remaining − return_reserve − Σ min_budget(later mandatory
+//! stages))`; below `min_to_send` it is not sent at all. [`ChildBudget`] can only be made here,
+//! and every downstream call takes one, so no call leaves without a budget.
+
+mod waterfall;
+
+use std::time::{Duration, Instant};
+
+pub use waterfall::{StepOutcome, StepRecord, Waterfall};
+
+use crate::config::{Config, DeadlinePolicy, Steps};
+use crate::deadline::Deadline;
+
+/// One downstream step of the flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// `cart.FreezeCart`.
+    Cart,
+    /// `fraud.Score`.
+    Fraud,
+    /// `inventory.Reserve` (and the worker's Commit/Release).
+    Inventory,
+    /// `wallet.Hold` (and the worker's Capture/Release).
+    WalletHold,
+    /// `wallet.LookupByReference`.
+    WalletLookup,
+}
+
+impl Step {
+    /// The name reported in `BudgetStep.name`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cart => "cart",
+            Self::Fraud => "fraud",
+            Self::Inventory => "inventory",
+            Self::WalletHold => "wallet_hold",
+            Self::WalletLookup => "wallet_lookup",
+        }
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The time one downstream call may take. Only [`Budgeter`] makes these, and never below
+/// `min_to_send`.
+#[derive(Debug, Clone, Copy)]
+pub struct ChildBudget {
+    step: Step,
+    timeout: Duration,
+    forward_epoch_ms: i64,
+}
+
+impl ChildBudget {
+    /// The step this budget is for.
+    pub fn step(&self) -> Step {
+        self.step
+    }
+
+    /// Sent as `grpc-timeout`; the client also stops waiting after it.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sent as `x-request-deadline`.
+    pub fn forward_epoch_ms(&self) -> i64 {
+        self.forward_epoch_ms
+    }
+}
+
+/// The step was not sent: too little time was left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{step} not sent: {available:?} available, below min_to_send")]
+pub struct NotSent {
+    /// Which step.
+    pub step: Step,
+    /// What it could have had.
+    pub available: Duration,
+}
+
+/// Refused at admission: the deadline cannot fit even the fast-fail floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "deadline too short: {remaining:?} remaining, floor {floor:?} after a {reserve:?} return reserve"
+)]
+pub struct TooShort {
+    /// What the caller had left on arrival.
+    pub remaining: Duration,
+    /// `fast_fail_floor`.
+    pub floor: Duration,
+    /// `return_reserve`.
+    pub reserve: Duration,
+}
+
+/// Computes admission and child budgets from the policy.
+#[derive(Debug, Clone)]
+pub struct Budgeter {
+    deadline: DeadlinePolicy,
+    steps: Steps,
+}
+
+impl Budgeter {
+    /// From the `deadline` and `steps` sections of the config.
+    pub fn new(config: &Config) -> Self {
+        Self {
+            deadline: config.deadline,
+            steps: config.steps,
+        }
+    }
+
+    /// Fast-fail admission, decided synchronously on arrival.
+    pub fn admit(&self, deadline: &Deadline) -> Result<(), TooShort> {
+        let remaining = deadline.remaining();
+        if remaining.saturating_sub(self.deadline.return_reserve) < self.deadline.fast_fail_floor {
+            return Err(TooShort {
+                remaining,
+                floor: self.deadline.fast_fail_floor,
+                reserve: self.deadline.return_reserve,
+            });
+        }
+        Ok(())
+    }
+
+    /// The request-path budget of `step`, leaving the return reserve and the minimum budgets of
+    /// the later mandatory stages.
+    pub fn allot(&self, deadline: &Deadline, step: Step) -> Result<ChildBudget, NotSent> {
+        self.allot_at(deadline, step, Instant::now())
+    }
+
+    /// [`Budgeter::allot`] as of `now`.
+    pub fn allot_at(
+        &self,
+        deadline: &Deadline,
+        step: Step,
+        now: Instant,
+    ) -> Result<ChildBudget, NotSent> {
+        let remaining = deadline.at().saturating_duration_since(now);
+        let available = remaining
+            .saturating_sub(self.deadline.return_reserve)
+            .saturating_sub(self.later_minimum(step));
+        self.make(step, available.min(self.cap(step)), deadline)
+    }
+
+    /// A budget for background work (the worker): everything left of the attempt's deadline,
+    /// no step cap — nobody is waiting, the attempt deadline is the bound.
+    pub fn allot_background(
+        &self,
+        deadline: &Deadline,
+        step: Step,
+    ) -> Result<ChildBudget, NotSent> {
+        self.make(step, deadline.remaining(), deadline)
+    }
+
+    /// The instant by which the answer must be ready: the deadline minus the return reserve.
+    pub fn answer_by(&self, deadline: &Deadline) -> Instant {
+        deadline.minus(self.deadline.return_reserve)
+    }
+
+    /// What is left before the answer must be ready.
+    pub fn until_answer(&self, deadline: &Deadline) -> Duration {
+        self.answer_by(deadline)
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// `min_to_send`.
+    pub fn min_to_send(&self) -> Duration {
+        self.deadline.min_to_send
+    }
+
+    fn make(
+        &self,
+        step: Step,
+        timeout: Duration,
+        deadline: &Deadline,
+    ) -> Result<ChildBudget, NotSent> {
+        if timeout < self.deadline.min_to_send {
+            return Err(NotSent {
+                step,
+                available: timeout,
+            });
+        }
+        Ok(ChildBudget {
+            step,
+            timeout,
+            forward_epoch_ms: deadline.forward_epoch_ms(),
+        })
+    }
+
+    fn cap(&self, step: Step) -> Duration {
+        match step {
+            Step::Cart => self.steps.cart.cap,
+            Step::Fraud => self.steps.fraud.cap,
+            Step::Inventory => self.steps.inventory.cap,
+            Step::WalletHold => self.steps.wallet_hold.cap,
+            Step::WalletLookup => self.steps.wallet_lookup.cap,
+        }
+    }
+
+    /// Σ min_budget of the mandatory stages after `step`. Fraud and inventory run in parallel, so
+    /// their stage needs the larger of the two, not the sum. The lookup is conditional, so no
+    /// step reserves time for it.
+    fn later_minimum(&self, step: Step) -> Duration {
+        let s = &self.steps;
+        let hold = s.wallet_hold.min_budget;
+        match step {
+            Step::Cart => s.fraud.min_budget.max(s.inventory.min_budget) + hold,
+            Step::Fraud | Step::Inventory => hold,
+            Step::WalletHold | Step::WalletLookup => Duration::ZERO,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deadline::DeadlineSource;
+
+    fn deadline_ms(ms: u64, start: Instant) -> Deadline {
+        Deadline::starting_at(
+            start,
+            Duration::from_millis(ms),
+            DeadlineSource::GrpcTimeout,
+        )
+    }
+
+    #[test]
+    fn a_full_budget_gives_each_step_its_cap() {
+        let b = Budgeter::new(&Config::default());
+        let start = Instant::now();
+        let d = deadline_ms(2400, start);
+        let cart = b.allot_at(&d, Step::Cart, start).expect("sent");
+        assert_eq!(cart.timeout(), Duration::from_millis(300));
+        assert_eq!(
+            b.allot_at(&d, Step::WalletHold, start)
+                .expect("sent")
+                .timeout(),
+            Duration::from_millis(800)
+        );
+    }
+
+    #[test]
+    fn a_short_budget_leaves_the_reserve_and_later_minimums() {
+        let b = Budgeter::new(&Config::default());
+        let start = Instant::now();
+        let d = deadline_ms(400, start);
+        // 400 - 50 reserve - 50 (fraud/inventory stage) - 50 (hold) = 250 < cap 300.
+        assert_eq!(
+            b.allot_at(&d, Step::Cart, start).expect("sent").timeout(),
+            Duration::from_millis(250)
+        );
+        // 300 ms later: 100 - 50 - 50 (hold) = 0 → not sent.
+        let later = start + Duration::from_millis(300);
+        let err = b.allot_at(&d, Step::Fraud, later).expect_err("not sent");
+        assert_eq!(err.step, Step::Fraud);
+        // The hold keeps everything after the reserve: 100 - 50 = 50 = min_to_send → sent.
+        assert_eq!(
+            b.allot_at(&d, Step::WalletHold, later)
+                .expect("sent")
+                .timeout(),
+            Duration::from_millis(50)
+        );
+    }
+
+    #[test]
+    fn admission_refuses_below_the_floor_after_the_reserve() {
+        let b = Budgeter::new(&Config::default());
+        let now = Instant::now();
+        assert!(b.admit(&deadline_ms(149, now)).is_err());
+        assert!(b.admit(&deadline_ms(80, now)).is_err());
+        assert!(b.admit(&deadline_ms(400, now)).is_ok());
+    }
+
+    #[test]
+    fn background_budgets_ignore_step_caps() {
+        let b = Budgeter::new(&Config::default());
+        let d = Deadline::after(Duration::from_secs(2));
+        let hold = b.allot_background(&d, Step::Inventory).expect("sent");
+        assert!(hold.timeout() > Duration::from_millis(1500));
+    }
+}

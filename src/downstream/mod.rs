@@ -1,0 +1,229 @@
+//! Clients of the four downstream services.
+//!
+//! Channels are built once at start (lazily connected, per-service connect timeouts from config)
+//! and shared by every request and the worker. The generated clients are private: the only way
+//! to call a downstream is a method here that takes a [`ChildBudget`], so every call carries
+//! `grpc-timeout` and `x-request-deadline`, stops waiting when its budget ends, and is dropped
+//! (RST_STREAM) the moment its [`CancellationToken`] fires.
+
+mod call;
+mod classify;
+
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+pub use call::CallError;
+pub use classify::{CallClass, HoldOutcome, classify_hold, error_reason};
+
+use crate::budget::ChildBudget;
+use crate::config::{DownstreamAddrs, Steps};
+use crate::proto::{
+    cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
+};
+use cart::cart_service_client::CartServiceClient;
+use fraud::fraud_service_client::FraudServiceClient;
+use inventory::inventory_service_client::InventoryServiceClient;
+use wallet::wallet_service_client::WalletServiceClient;
+
+/// A downstream address that is not a valid URI.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {service} address {uri:?}: {source}")]
+pub struct AddressError {
+    /// Which service.
+    pub service: &'static str,
+    /// The address given.
+    pub uri: String,
+    /// Why it is invalid.
+    pub source: tonic::transport::Error,
+}
+
+/// Shared clients of cart, fraud, inventory and wallet.
+#[derive(Debug, Clone)]
+pub struct Downstreams {
+    cart: CartServiceClient<Channel>,
+    fraud: FraudServiceClient<Channel>,
+    inventory: InventoryServiceClient<Channel>,
+    wallet: WalletServiceClient<Channel>,
+}
+
+impl Downstreams {
+    /// Builds one channel per service. Nothing connects until the first call, so the
+    /// orchestrator starts (and answers structured results) while a downstream is down.
+    pub fn connect_lazy(addrs: &DownstreamAddrs, steps: &Steps) -> Result<Self, AddressError> {
+        let channel = |service: &'static str, uri: &str, connect| {
+            Endpoint::from_shared(uri.to_owned())
+                .map(|e| {
+                    e.connect_timeout(connect)
+                        .tcp_nodelay(true)
+                        .http2_adaptive_window(true)
+                        .connect_lazy()
+                })
+                .map_err(|source| AddressError {
+                    service,
+                    uri: uri.to_owned(),
+                    source,
+                })
+        };
+        Ok(Self {
+            cart: CartServiceClient::new(channel("cart", &addrs.cart, steps.cart.connect)?),
+            fraud: FraudServiceClient::new(channel("fraud", &addrs.fraud, steps.fraud.connect)?),
+            inventory: InventoryServiceClient::new(channel(
+                "inventory",
+                &addrs.inventory,
+                steps.inventory.connect,
+            )?),
+            wallet: WalletServiceClient::new(channel(
+                "wallet",
+                &addrs.wallet,
+                steps.wallet_hold.connect,
+            )?),
+        })
+    }
+
+    /// `cart.v1.CartService/FreezeCart`.
+    pub async fn freeze_cart(
+        &self,
+        budget: &ChildBudget,
+        cancel: &CancellationToken,
+        request: cart::FreezeCartRequest,
+    ) -> Result<cart::FreezeCartResponse, CallError> {
+        let mut client = self.cart.clone();
+        call::send(budget, cancel, request, |r| async move {
+            client.freeze_cart(r).await
+        })
+        .await
+    }
+
+    /// `fraud.v1.FraudService/Score`.
+    pub async fn score(
+        &self,
+        budget: &ChildBudget,
+        cancel: &CancellationToken,
+        request: fraud::ScoreRequest,
+    ) -> Result<fraud::ScoreResponse, CallError> {
+        let mut client = self.fraud.clone();
+        call::send(
+            budget,
+            cancel,
+            request,
+            |r| async move { client.score(r).await },
+        )
+        .await
+    }
+
+    /// `inventory.v1.InventoryService/Reserve`.
+    pub async fn reserve(
+        &self,
+        budget: &ChildBudget,
+        cancel: &CancellationToken,
+        request: inventory::ReserveRequest,
+    ) -> Result<inventory::ReserveResponse, CallError> {
+        let mut client = self.inventory.clone();
+        call::send(budget, cancel, request, |r| async move {
+            client.reserve(r).await
+        })
+        .await
+    }
+
+    /// `inventory.v1.InventoryService/Commit`.
+    pub async fn commit_inventory(
+        &self,
+        budget: &ChildBudget,
+        cancel: &CancellationToken,
+        reference: &str,
+    ) -> Result<inventory::CommitResponse, CallError> {
+        let mut client = self.inventory.clone();
+        let request = inventory::CommitRequest {
+            reference: reference.to_owned(),
+        };
+        call::send(budget, cancel, request, |r| async move {
+            client.commit(r).await
+        })
+        .await
+    }
+
+    /// `inventory.v1.InventoryService/Release`.
+    pub async fn release_inventory(
+        &self,
+        budget: &ChildBudget,
+        cancel: &CancellationToken,
+        reference: &str,
+    ) -> Result<inventory::ReleaseResponse, CallError> {
+        let mut client = self.inventory.clone();
+        let request = inventory::ReleaseRequest {
+            reference: reference.to_owned(),
+        };
+        call::send(budget, cancel, request, |r| async move {
+            client.release(r).await
+        })
+        .await
+    }
+
+    /// `wallet.v1.WalletService/Hold`.
+    pub async fn hold(
+        &self,
+        budget: &ChildBudget,
+        cancel: &CancellationToken,
+        request: wallet::HoldRequest,
+    ) -> Result<wallet::HoldResponse, CallError> {
+        let mut client = self.wallet.clone();
+        call::send(
+            budget,
+            cancel,
+            request,
+            |r| async move { client.hold(r).await },
+        )
+        .await
+    }
+
+    /// `wallet.v1.WalletService/Capture`.
+    pub async fn capture(
+        &self,
+        budget: &ChildBudget,
+        cancel: &CancellationToken,
+        reference: &str,
+    ) -> Result<wallet::CaptureResponse, CallError> {
+        let mut client = self.wallet.clone();
+        let request = wallet::CaptureRequest {
+            reference: reference.to_owned(),
+        };
+        call::send(budget, cancel, request, |r| async move {
+            client.capture(r).await
+        })
+        .await
+    }
+
+    /// `wallet.v1.WalletService/Release`.
+    pub async fn release_hold(
+        &self,
+        budget: &ChildBudget,
+        cancel: &CancellationToken,
+        reference: &str,
+    ) -> Result<wallet::ReleaseResponse, CallError> {
+        let mut client = self.wallet.clone();
+        let request = wallet::ReleaseRequest {
+            reference: reference.to_owned(),
+        };
+        call::send(budget, cancel, request, |r| async move {
+            client.release(r).await
+        })
+        .await
+    }
+
+    /// `wallet.v1.WalletService/LookupByReference`.
+    pub async fn lookup_hold(
+        &self,
+        budget: &ChildBudget,
+        cancel: &CancellationToken,
+        reference: &str,
+    ) -> Result<wallet::HoldRecord, CallError> {
+        let mut client = self.wallet.clone();
+        let request = wallet::LookupByReferenceRequest {
+            reference: reference.to_owned(),
+        };
+        call::send(budget, cancel, request, |r| async move {
+            client.lookup_by_reference(r).await
+        })
+        .await
+    }
+}
