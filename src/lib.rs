@@ -8,10 +8,15 @@
 //! # Layout
 //! - [`deadline`]: reading the caller's deadline from metadata (`grpc-timeout`, ...).
 //! - [`config`]: every policy number, with the spec's defaults.
+//! - [`budget`]: admission, child budgets carved from the deadline, and the budget waterfall.
+//! - [`downstream`]: the shared clients of cart, fraud, inventory and wallet; the one call path
+//!   that stamps every call with its budget; classification of failures (SPEC §5).
 //! - [`store`]: durable orders and follow-up jobs (SQLite by default, PostgreSQL for replicas).
 
+pub mod budget;
 pub mod config;
 pub mod deadline;
+pub mod downstream;
 pub mod introspection;
 pub mod proto;
 pub mod store;
