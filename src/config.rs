@@ -121,6 +121,10 @@ pub struct DeadlinePolicy {
     /// Kept back from every child budget so the answer can still be sent in time.
     #[serde(with = "humantime_serde")]
     pub return_reserve: Duration,
+    /// Kept back from every child budget, on top of `return_reserve`, so the decision can be
+    /// written durably before the answer leaves. 0 gives SPEC §3's formula exactly.
+    #[serde(with = "humantime_serde")]
+    pub record_reserve: Duration,
     /// Below this (after the return reserve) a request is refused on arrival.
     #[serde(with = "humantime_serde")]
     pub fast_fail_floor: Duration,
@@ -138,6 +142,7 @@ impl Default for DeadlinePolicy {
             server_budget_max: Duration::from_millis(2400),
             request_deadline_ms_reserve: Duration::from_millis(600),
             return_reserve: Duration::from_millis(50),
+            record_reserve: Duration::from_millis(20),
             fast_fail_floor: Duration::from_millis(100),
             min_to_send: Duration::from_millis(50),
             clock_skew_allowance: Duration::from_millis(5),
@@ -446,15 +451,19 @@ impl Config {
             return bad("worker.backoff_base must be above zero and at most backoff_cap".into());
         }
         let r = &self.retry_budget;
-        if !(0.0..=1000.0).contains(&r.percent) || r.window < Duration::from_secs(1) {
-            return bad("retry_budget.percent must be 0-1000 and window at least 1s".into());
+        if !(0.0..=1000.0).contains(&r.percent)
+            || r.window < Duration::from_secs(1)
+            || r.window > Duration::from_secs(60)
+            || r.floor_per_second >= i32::MAX as u32
+        {
+            return bad("retry_budget.percent must be 0-1000 and window 1s-60s".into());
         }
-        if let Some(url) = &self.store.database_url {
-            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-                return bad(format!(
-                    "store.database_url must be a postgres:// URL (got {url:?}); leave it unset for SQLite"
-                ));
-            }
+        if let Some(url) = &self.store.database_url
+            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        {
+            return bad(format!(
+                "store.database_url must be a postgres:// URL (got {url:?}); leave it unset for SQLite"
+            ));
         }
         Ok(())
     }

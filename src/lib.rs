@@ -12,11 +12,15 @@
 //! - [`downstream`]: the shared clients of cart, fraud, inventory and wallet; the one call path
 //!   that stamps every call with its budget; classification of failures (SPEC §5).
 //! - [`store`]: durable orders and follow-up jobs (SQLite by default, PostgreSQL for replicas).
+//! - [`stubs`]: configurable cart, fraud, inventory and wallet stubs plus their control plane.
 
 pub mod budget;
+pub mod checkout;
 pub mod config;
 pub mod deadline;
 pub mod downstream;
 pub mod introspection;
 pub mod proto;
 pub mod store;
+pub mod stubs;
+pub mod worker;

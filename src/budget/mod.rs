@@ -1,14 +1,16 @@
 //! Child budgets carved out of the caller's deadline (SPEC §3).
 //!
-//! A step gets `min(step.cap, remaining − return_reserve − Σ min_budget(later mandatory
-//! stages))`; below `min_to_send` it is not sent at all. [`ChildBudget`] can only be made here,
+//! A step gets `min(step.cap, remaining − return_reserve − record_reserve − Σ min_budget(later
+//! mandatory stages))`; below `min_to_send` it is not sent at all. `record_reserve` (default
+//! 20 ms, 0 gives SPEC §3's formula exactly) leaves time to write the decision durably before the
+//! answer leaves at `deadline − return_reserve`. [`ChildBudget`] can only be made here,
 //! and every downstream call takes one, so no call leaves without a budget.
 
 mod waterfall;
 
 use std::time::{Duration, Instant};
 
-pub use waterfall::{StepOutcome, StepRecord, Waterfall};
+pub use waterfall::{StepOutcome, StepRecord, Waterfall, duration as waterfall_duration};
 
 use crate::config::{Config, DeadlinePolicy, Steps};
 use crate::deadline::Deadline;
@@ -142,6 +144,7 @@ impl Budgeter {
         let remaining = deadline.at().saturating_duration_since(now);
         let available = remaining
             .saturating_sub(self.deadline.return_reserve)
+            .saturating_sub(self.deadline.record_reserve)
             .saturating_sub(self.later_minimum(step));
         self.make(step, available.min(self.cap(step)), deadline)
     }
@@ -244,26 +247,22 @@ mod tests {
     }
 
     #[test]
-    fn a_short_budget_leaves_the_reserve_and_later_minimums() {
+    fn a_short_budget_leaves_the_reserves_and_later_minimums() {
         let b = Budgeter::new(&Config::default());
         let start = Instant::now();
         let d = deadline_ms(400, start);
-        // 400 - 50 reserve - 50 (fraud/inventory stage) - 50 (hold) = 250 < cap 300.
-        assert_eq!(
-            b.allot_at(&d, Step::Cart, start).expect("sent").timeout(),
-            Duration::from_millis(250)
-        );
-        // 300 ms later: 100 - 50 - 50 (hold) = 0 → not sent.
-        let later = start + Duration::from_millis(300);
+        // 400 - 50 return - 20 record - 50 (fraud/inventory stage) - 50 (hold) = 230 < cap 300.
+        let cart = b.allot_at(&d, Step::Cart, start).expect("sent");
+        assert_eq!(cart.timeout(), Duration::from_millis(230));
+        // 280 ms later: 120 - 70 - 50 (hold) = 0 → fraud is not sent.
+        let later = start + Duration::from_millis(280);
         let err = b.allot_at(&d, Step::Fraud, later).expect_err("not sent");
         assert_eq!(err.step, Step::Fraud);
-        // The hold keeps everything after the reserve: 100 - 50 = 50 = min_to_send → sent.
-        assert_eq!(
-            b.allot_at(&d, Step::WalletHold, later)
-                .expect("sent")
-                .timeout(),
-            Duration::from_millis(50)
-        );
+        // The hold keeps everything after the reserves: 120 - 70 = 50 = min_to_send → sent.
+        let hold = b.allot_at(&d, Step::WalletHold, later).expect("sent");
+        assert_eq!(hold.timeout(), Duration::from_millis(50));
+        let too_late = start + Duration::from_millis(281);
+        assert!(b.allot_at(&d, Step::WalletHold, too_late).is_err());
     }
 
     #[test]

@@ -119,6 +119,11 @@ impl Deadline {
     }
 }
 
+/// Now, in milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    epoch_ms(SystemTime::now())
+}
+
 /// Milliseconds since the Unix epoch (negative before 1970, which no clock here reports).
 pub fn epoch_ms(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {

@@ -107,19 +107,17 @@ pub fn classify_hold(result: Result<wallet::HoldResponse, CallError>) -> HoldOut
         }
         Err(error) => error,
     };
-    if let CallError::Status(status) = &error {
-        if status.code() == Code::AlreadyExists {
-            if let Some(info) = status.get_details_error_info() {
-                if info.reason == "DUPLICATE_REFERENCE" {
-                    let hold_id = info
-                        .metadata
-                        .get("existing_hold_id")
-                        .cloned()
-                        .unwrap_or_default();
-                    return HoldOutcome::Success { hold_id };
-                }
-            }
-        }
+    if let CallError::Status(status) = &error
+        && status.code() == Code::AlreadyExists
+        && let Some(info) = status.get_details_error_info()
+        && info.reason == "DUPLICATE_REFERENCE"
+    {
+        let hold_id = info
+            .metadata
+            .get("existing_hold_id")
+            .cloned()
+            .unwrap_or_default();
+        return HoldOutcome::Success { hold_id };
     }
     match error.class() {
         CallClass::Rejected => HoldOutcome::Rejected(match &error {

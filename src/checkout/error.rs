@@ -1,0 +1,103 @@
+//! Why PlaceOrder or GetOrder did not answer with an Order — and the ONE place these become
+//! `tonic::Status`, with the rich details (BadRequest, ErrorInfo, RetryInfo) clients act on.
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use super::FieldViolation;
+use crate::budget::TooShort;
+use crate::store::StoreError;
+
+/// ErrorInfo domain of this service's errors.
+pub const ERROR_DOMAIN: &str = "checkout.v1";
+
+/// Metadata set on a fast-fail answer (seed 001).
+pub const X_DEADLINE_EXCEEDED: &str = "x-deadline-exceeded";
+
+/// A request the service did not (or could not) act on.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    /// Fields or deadline headers are missing or malformed.
+    #[error("invalid request: {0:?}")]
+    BadRequest(Vec<FieldViolation>),
+    /// The idempotency key was used before for a different request.
+    #[error("idempotency key already used for a different request (order {order_id})")]
+    KeyReused {
+        /// The order that owns the key.
+        order_id: String,
+    },
+    /// The deadline cannot fit the fast-fail floor; nothing was recorded or sent.
+    #[error(transparent)]
+    DeadlineTooShort(#[from] TooShort),
+    /// The order could not be recorded, so nothing was sent.
+    #[error("order store unavailable: {source}")]
+    StoreUnavailable {
+        /// What the store said.
+        source: StoreError,
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// No such order.
+    #[error("no order {0}")]
+    NotFound(String),
+    /// A bug: a task panicked.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<CheckoutError> for Status {
+    fn from(error: CheckoutError) -> Self {
+        let message = error.to_string();
+        match error {
+            CheckoutError::BadRequest(violations) => {
+                let mut details = ErrorDetails::new();
+                for v in violations {
+                    details.add_bad_request_violation(v.field, v.description);
+                }
+                Status::with_error_details(Code::InvalidArgument, message, details)
+            }
+            CheckoutError::KeyReused { order_id } => Status::with_error_details(
+                Code::AlreadyExists,
+                message,
+                ErrorDetails::with_error_info(
+                    "IDEMPOTENCY_KEY_REUSED",
+                    ERROR_DOMAIN,
+                    [("order_id".to_owned(), order_id)],
+                ),
+            ),
+            CheckoutError::DeadlineTooShort(short) => {
+                let details = ErrorDetails::with_error_info(
+                    "DEADLINE_TOO_SHORT",
+                    ERROR_DOMAIN,
+                    [
+                        (
+                            "remaining_ms".to_owned(),
+                            short.remaining.as_millis().to_string(),
+                        ),
+                        ("floor_ms".to_owned(), short.floor.as_millis().to_string()),
+                        (
+                            "return_reserve_ms".to_owned(),
+                            short.reserve.as_millis().to_string(),
+                        ),
+                    ],
+                );
+                let mut status =
+                    Status::with_error_details(Code::DeadlineExceeded, message, details);
+                status.metadata_mut().insert(
+                    X_DEADLINE_EXCEEDED,
+                    tonic::metadata::MetadataValue::from_static("true"),
+                );
+                status
+            }
+            CheckoutError::StoreUnavailable { retry_after, .. } => Status::with_error_details(
+                Code::Unavailable,
+                message,
+                ErrorDetails::with_retry_info(Some(retry_after)),
+            ),
+            CheckoutError::NotFound(_) => Status::not_found(message),
+            CheckoutError::Internal(_) => Status::internal(message),
+        }
+    }
+}

@@ -1,0 +1,625 @@
+//! The request path of PlaceOrder (SPEC §4):
+//!
+//! ```text
+//! admission → record RECEIVED → cart.FreezeCart
+//!           → { fraud.Score ∥ inventory.Reserve ∥ record HOLD_SENT }
+//!           → wallet.Hold (→ one LookupByReference if ambiguous) → record decision + jobs → answer
+//! ```
+//!
+//! Each operation runs in its own task under a root [`CancellationToken`] whose drop guard the
+//! gRPC handler holds. When the caller cancels, tonic drops the handler, the token fires, every
+//! in-flight call is dropped (its HTTP/2 stream reset), and the task still records what
+//! happened — so nothing is ever captured for a caller who left. Branch tokens are children of
+//! the root: a fraud DENY cancels inventory, an OUT_OF_STOCK cancels fraud.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::Code;
+
+use super::{CheckoutError, OrderRequest, Reason, Verdict};
+use crate::budget::{Budgeter, Step, StepOutcome, Waterfall};
+use crate::config::{Config, FraudOnTimeout};
+use crate::deadline::{Deadline, now_ms};
+use crate::downstream::{
+    CallClass, CallError, Downstreams, HoldOutcome, classify_hold, error_reason,
+};
+use crate::proto::{
+    cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
+};
+use crate::store::{
+    Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, TimeLimit,
+};
+
+/// Places orders: owns the policy, the downstream clients and the store.
+pub struct Orchestrator {
+    config: Arc<Config>,
+    budgeter: Budgeter,
+    downstreams: Downstreams,
+    store: Arc<dyn OrderStore>,
+    /// Operations in flight, so shutdown can let them finish within their own deadlines.
+    operations: TaskTracker,
+}
+
+/// The answer to one PlaceOrder.
+#[derive(Debug)]
+pub struct Placed {
+    /// The order as stored (or, if the decision could not be stored, as the worker will find it).
+    pub record: OrderRecord,
+    /// How this call spent its deadline.
+    pub waterfall: Waterfall,
+}
+
+impl Orchestrator {
+    /// An orchestrator over shared downstream clients and a store.
+    pub fn new(config: Arc<Config>, downstreams: Downstreams, store: Arc<dyn OrderStore>) -> Self {
+        Self {
+            budgeter: Budgeter::new(&config),
+            config,
+            downstreams,
+            store,
+            operations: TaskTracker::new(),
+        }
+    }
+
+    /// The policy in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn OrderStore> {
+        &self.store
+    }
+
+    /// Places one order under `deadline`. Admission is decided here, synchronously, before
+    /// anything is recorded or sent. If the returned future is dropped (the caller went away),
+    /// the operation is cancelled and recorded as abandoned.
+    pub async fn place(
+        self: &Arc<Self>,
+        request: OrderRequest,
+        deadline: Deadline,
+    ) -> Result<Placed, CheckoutError> {
+        self.budgeter.admit(&deadline)?;
+        let abandoned = CancellationToken::new();
+        let on_drop = abandoned.clone().drop_guard();
+        let this = Arc::clone(self);
+        let operation = self
+            .operations
+            .spawn(async move { this.operate(request, deadline, abandoned).await });
+        let result = operation
+            .await
+            .map_err(|e| CheckoutError::Internal(format!("order task failed: {e}")));
+        on_drop.disarm();
+        result?
+    }
+
+    /// Stops taking new operations and waits for those in flight (each ends by its deadline).
+    pub async fn drain(&self) {
+        self.operations.close();
+        self.operations.wait().await;
+    }
+
+    async fn operate(
+        &self,
+        request: OrderRequest,
+        deadline: Deadline,
+        abandoned: CancellationToken,
+    ) -> Result<Placed, CheckoutError> {
+        let waterfall = Waterfall::new(deadline.started());
+        let order = request.to_new_order(deadline.at_epoch_ms(), now_ms());
+        let takeover_at = deadline.at_epoch_ms() + millis(self.config.worker.takeover_grace);
+        let created = match self
+            .store
+            .begin(&order, takeover_at, self.request_limit(&deadline))
+            .await
+        {
+            Err(source) => {
+                return Err(CheckoutError::StoreUnavailable {
+                    source,
+                    retry_after: self.config.retry_after.unavailable,
+                });
+            }
+            Ok(Begin::Existing(existing)) if existing.order.request_hash != order.request_hash => {
+                return Err(CheckoutError::KeyReused {
+                    order_id: existing.order.order_id,
+                });
+            }
+            Ok(Begin::Existing(existing)) => {
+                return Ok(Placed {
+                    record: existing,
+                    waterfall,
+                });
+            }
+            Ok(Begin::Created(created)) => created,
+        };
+
+        let run = Run {
+            orchestrator: self,
+            order: &order,
+            deadline: &deadline,
+            abandoned: &abandoned,
+            waterfall: &waterfall,
+        };
+        let verdict = run.decide().await;
+        let record = self.record(created, verdict, &deadline, &abandoned).await;
+        Ok(Placed { record, waterfall })
+    }
+
+    /// Writes the decision. If it cannot be written in time, the caller is told PENDING
+    /// `BUDGET_EXHAUSTED`: the order's takeover job (written with RECEIVED) will finish it.
+    async fn record(
+        &self,
+        created: OrderRecord,
+        verdict: Verdict,
+        deadline: &Deadline,
+        abandoned: &CancellationToken,
+    ) -> OrderRecord {
+        let decision = verdict.into_decision(&created.order.order_id, now_ms());
+        if abandoned.is_cancelled() {
+            // Nobody is waiting: take the time needed to make the abandonment durable.
+            return self.record_abandonment(created, decision).await;
+        }
+        match self
+            .store
+            .decide(&decision, self.request_limit(deadline))
+            .await
+        {
+            Ok(stored) => stored,
+            Err(error) => {
+                tracing::warn!(order_id = %created.order.order_id, %error, "decision not recorded in time; the worker will finish the order");
+                let mut pending = created;
+                pending.status = OrderStatus::Pending;
+                pending.reason = Reason::BudgetExhausted.as_str().to_owned();
+                pending.retry_after_ms = Some(millis(self.config.retry_after.pending));
+                pending.total = decision.total.or(pending.total);
+                pending
+            }
+        }
+    }
+
+    async fn record_abandonment(
+        &self,
+        created: OrderRecord,
+        decision: crate::store::Decision,
+    ) -> OrderRecord {
+        let limit = TimeLimit(self.config.store.background_timeout);
+        let mut delay = Duration::from_millis(100);
+        for _ in 0..10 {
+            match self.store.decide(&decision, limit).await {
+                Ok(stored) => return stored,
+                Err(error) => {
+                    tracing::warn!(order_id = %created.order.order_id, %error, "abandonment not recorded yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        tracing::error!(order_id = %created.order.order_id, "abandonment could not be recorded; the takeover job will resume the order");
+        created
+    }
+
+    fn request_limit(&self, deadline: &Deadline) -> TimeLimit {
+        TimeLimit(self.budgeter.until_answer(deadline))
+    }
+}
+
+/// One operation's walk through the steps.
+struct Run<'a> {
+    orchestrator: &'a Orchestrator,
+    order: &'a NewOrder,
+    deadline: &'a Deadline,
+    abandoned: &'a CancellationToken,
+    waterfall: &'a Waterfall,
+}
+
+/// How the fraud branch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FraudResult {
+    Approved,
+    Denied,
+    NoAnswer,
+    NotSent,
+    Cancelled,
+}
+
+/// How the inventory branch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InventoryResult {
+    Reserved,
+    OutOfStock,
+    /// Sent but failed: may have applied unless certainly unavailable.
+    Failed,
+    NotSent,
+    /// We cancelled it while in flight.
+    Cancelled,
+}
+
+impl InventoryResult {
+    /// Whether a reservation may exist and so needs releasing if the order does not complete.
+    fn may_hold_stock(self) -> bool {
+        matches!(self, Self::Reserved | Self::Failed | Self::Cancelled)
+    }
+}
+
+impl Run<'_> {
+    async fn decide(&self) -> Verdict {
+        let policy = &self.orchestrator.config.retry_after;
+        let (total, items) = match self.freeze_cart().await {
+            Ok(frozen) => frozen,
+            Err(verdict) => return verdict,
+        };
+        if self
+            .order
+            .expected_total
+            .as_ref()
+            .is_some_and(|expected| *expected != total)
+        {
+            return Verdict::because(Reason::PriceChanged, policy).with_total(Some(total));
+        }
+
+        let (fraud, inventory, intent) = self.fraud_and_inventory(&total, items).await;
+        let stock_job = inventory.may_hold_stock();
+        let declined = |reason| {
+            Verdict::because(reason, policy)
+                .with_total(Some(total.clone()))
+                .then_if(stock_job, JobKind::InventoryRelease)
+        };
+        if self.abandoned.is_cancelled() {
+            return declined(Reason::CallerAbandoned);
+        }
+        if fraud == FraudResult::Denied {
+            return declined(Reason::FraudDenied);
+        }
+        match inventory {
+            InventoryResult::OutOfStock => return declined(Reason::OutOfStock),
+            InventoryResult::NotSent => {
+                return Verdict::budget_exhausted(policy).with_total(Some(total));
+            }
+            InventoryResult::Failed | InventoryResult::Cancelled => {
+                return declined(Reason::InventoryUnavailable);
+            }
+            InventoryResult::Reserved => {}
+        }
+        let fraud_review = match fraud {
+            FraudResult::Approved => false,
+            FraudResult::NotSent => {
+                return Verdict::budget_exhausted(policy).with_total(Some(total));
+            }
+            FraudResult::NoAnswer | FraudResult::Cancelled | FraudResult::Denied => {
+                match self.orchestrator.config.fraud.on_timeout {
+                    FraudOnTimeout::Review => true,
+                    FraudOnTimeout::Decline => {
+                        let mut v = declined(Reason::FraudDenied);
+                        v.retryable = true;
+                        v.retry_after = Some(policy.unavailable);
+                        return v;
+                    }
+                }
+            }
+        };
+        if let Err(error) = intent {
+            // Record before effect: without HOLD_SENT on disk the hold is not sent. The takeover
+            // job written with RECEIVED finishes the order once the store is back.
+            tracing::warn!(order_id = %self.order.order_id, %error, "HOLD_SENT not recorded; hold not sent");
+            return Verdict::budget_exhausted(policy).with_total(Some(total));
+        }
+        self.hold(total, fraud_review).await
+    }
+
+    /// The frozen total and the items to reserve.
+    async fn freeze_cart(&self) -> Result<(Money, Vec<inventory::Item>), Verdict> {
+        let policy = &self.orchestrator.config.retry_after;
+        let began = Instant::now();
+        let Ok(budget) = self.orchestrator.budgeter.allot(self.deadline, Step::Cart) else {
+            self.waterfall
+                .record(Step::Cart, began, Duration::ZERO, StepOutcome::NotSent);
+            return Err(Verdict::budget_exhausted(policy));
+        };
+        let request = cart::FreezeCartRequest {
+            cart_id: self.order.cart_id.clone(),
+            customer_id: self.order.customer_id.clone(),
+            reference: self.order.order_id.clone(),
+        };
+        let result = self
+            .orchestrator
+            .downstreams
+            .freeze_cart(&budget, self.abandoned, request)
+            .await;
+        self.waterfall
+            .record(Step::Cart, began, budget.timeout(), outcome_of(&result));
+        match result {
+            Ok(frozen) => {
+                frozen_cart(frozen).ok_or_else(|| Verdict::because(Reason::CartUnavailable, policy))
+            }
+            Err(error) if error.class() == CallClass::Cancelled => {
+                Err(Verdict::because(Reason::CallerAbandoned, policy))
+            }
+            Err(error) if error.code() == Some(Code::NotFound) => {
+                Err(Verdict::because(Reason::CartNotFound, policy))
+            }
+            Err(_) => Err(Verdict::because(Reason::CartUnavailable, policy)),
+        }
+    }
+
+    /// Fraud and inventory in parallel, with HOLD_SENT written alongside so the write costs no
+    /// extra wait. A result that makes the other branch pointless cancels it.
+    async fn fraud_and_inventory(
+        &self,
+        total: &Money,
+        items: Vec<inventory::Item>,
+    ) -> (
+        FraudResult,
+        InventoryResult,
+        Result<(), crate::store::StoreError>,
+    ) {
+        let fraud_cancel = self.abandoned.child_token();
+        let inventory_cancel = self.abandoned.child_token();
+        let fraud = async {
+            let result = self.score(total, &fraud_cancel).await;
+            if result == FraudResult::Denied {
+                inventory_cancel.cancel();
+            }
+            result
+        };
+        let inventory = async {
+            let result = self.reserve(items, &inventory_cancel).await;
+            if result == InventoryResult::OutOfStock {
+                fraud_cancel.cancel();
+            }
+            result
+        };
+        let intent = self.orchestrator.store.record_hold_intent(
+            &self.order.order_id,
+            total,
+            now_ms(),
+            self.orchestrator.request_limit(self.deadline),
+        );
+        tokio::join!(fraud, inventory, intent)
+    }
+
+    async fn score(&self, total: &Money, cancel: &CancellationToken) -> FraudResult {
+        let began = Instant::now();
+        let Ok(budget) = self.orchestrator.budgeter.allot(self.deadline, Step::Fraud) else {
+            self.waterfall
+                .record(Step::Fraud, began, Duration::ZERO, StepOutcome::NotSent);
+            return FraudResult::NotSent;
+        };
+        let request = fraud::ScoreRequest {
+            reference: self.order.order_id.clone(),
+            customer_id: self.order.customer_id.clone(),
+            wallet_account_id: self.order.wallet_account_id.clone(),
+            currency: total.currency.clone(),
+            amount_minor_units: total.minor_units,
+        };
+        let result = self
+            .orchestrator
+            .downstreams
+            .score(&budget, cancel, request)
+            .await;
+        let (outcome, verdict) = match &result {
+            Ok(r) if r.verdict() == fraud::Verdict::Deny => {
+                (StepOutcome::Rejected, FraudResult::Denied)
+            }
+            Ok(r) if r.verdict() == fraud::Verdict::Approve => {
+                (StepOutcome::Ok, FraudResult::Approved)
+            }
+            Ok(_) => (StepOutcome::Ambiguous, FraudResult::NoAnswer),
+            Err(e) if e.class() == CallClass::Cancelled => {
+                (StepOutcome::Cancelled, FraudResult::Cancelled)
+            }
+            Err(_) => (outcome_of(&result), FraudResult::NoAnswer),
+        };
+        self.waterfall
+            .record(Step::Fraud, began, budget.timeout(), outcome);
+        verdict
+    }
+
+    async fn reserve(
+        &self,
+        items: Vec<inventory::Item>,
+        cancel: &CancellationToken,
+    ) -> InventoryResult {
+        let began = Instant::now();
+        let Ok(budget) = self
+            .orchestrator
+            .budgeter
+            .allot(self.deadline, Step::Inventory)
+        else {
+            self.waterfall
+                .record(Step::Inventory, began, Duration::ZERO, StepOutcome::NotSent);
+            return InventoryResult::NotSent;
+        };
+        let request = inventory::ReserveRequest {
+            reference: self.order.order_id.clone(),
+            items,
+        };
+        let result = self
+            .orchestrator
+            .downstreams
+            .reserve(&budget, cancel, request)
+            .await;
+        self.waterfall.record(
+            Step::Inventory,
+            began,
+            budget.timeout(),
+            outcome_of(&result),
+        );
+        match result {
+            Ok(_) => InventoryResult::Reserved,
+            Err(CallError::Status(s)) if error_reason(&s).as_deref() == Some("OUT_OF_STOCK") => {
+                InventoryResult::OutOfStock
+            }
+            Err(e) if e.class() == CallClass::Cancelled => InventoryResult::Cancelled,
+            Err(_) => InventoryResult::Failed,
+        }
+    }
+
+    async fn hold(&self, total: Money, fraud_review: bool) -> Verdict {
+        let policy = &self.orchestrator.config.retry_after;
+        let began = Instant::now();
+        let Ok(budget) = self
+            .orchestrator
+            .budgeter
+            .allot(self.deadline, Step::WalletHold)
+        else {
+            self.waterfall.record(
+                Step::WalletHold,
+                began,
+                Duration::ZERO,
+                StepOutcome::NotSent,
+            );
+            return Verdict::budget_exhausted(policy).with_total(Some(total));
+        };
+        let request = wallet::HoldRequest {
+            reference: self.order.order_id.clone(),
+            account_id: self.order.wallet_account_id.clone(),
+            amount: Some(wallet::Money {
+                currency: total.currency.clone(),
+                minor_units: total.minor_units,
+            }),
+        };
+        let outcome = classify_hold(
+            self.orchestrator
+                .downstreams
+                .hold(&budget, self.abandoned, request)
+                .await,
+        );
+        self.waterfall.record(
+            Step::WalletHold,
+            began,
+            budget.timeout(),
+            hold_step_outcome(&outcome),
+        );
+        let outcome = match outcome {
+            HoldOutcome::Ambiguous => self.lookup().await,
+            other => other,
+        };
+        self.after_hold(outcome, total, fraud_review)
+    }
+
+    /// Exactly one lookup by reference after an ambiguous hold, if the budget allows.
+    async fn lookup(&self) -> HoldOutcome {
+        let began = Instant::now();
+        let Ok(budget) = self
+            .orchestrator
+            .budgeter
+            .allot(self.deadline, Step::WalletLookup)
+        else {
+            self.waterfall.record(
+                Step::WalletLookup,
+                began,
+                Duration::ZERO,
+                StepOutcome::NotSent,
+            );
+            return HoldOutcome::Ambiguous;
+        };
+        let result = self
+            .orchestrator
+            .downstreams
+            .lookup_hold(&budget, self.abandoned, &self.order.order_id)
+            .await;
+        self.waterfall.record(
+            Step::WalletLookup,
+            began,
+            budget.timeout(),
+            outcome_of(&result),
+        );
+        match result {
+            Ok(hold) if hold.state() != wallet::HoldState::Released => HoldOutcome::Success {
+                hold_id: hold.hold_id,
+            },
+            Err(e) if e.class() == CallClass::Cancelled => HoldOutcome::Cancelled,
+            // Not found yet, or no answer: the hold may still land. The reconciler will know.
+            _ => HoldOutcome::Ambiguous,
+        }
+    }
+
+    fn after_hold(&self, outcome: HoldOutcome, total: Money, fraud_review: bool) -> Verdict {
+        let policy = &self.orchestrator.config.retry_after;
+        let declined = |reason| {
+            Verdict::because(reason, policy)
+                .with_total(Some(total.clone()))
+                .then(JobKind::InventoryRelease)
+        };
+        if self.abandoned.is_cancelled() || outcome == HoldOutcome::Cancelled {
+            // The caller left before hearing anything: never capture; release whatever may be held.
+            return declined(Reason::CallerAbandoned).then(JobKind::WalletReconcile);
+        }
+        match outcome {
+            HoldOutcome::Success { hold_id } if fraud_review => {
+                let mut v = Verdict::because(Reason::FraudReview, policy)
+                    .with_total(Some(total))
+                    .then(JobKind::FraudRescore);
+                v.hold_id = Some(hold_id);
+                v.fraud_review = true;
+                v
+            }
+            HoldOutcome::Success { hold_id } => Verdict::confirmed(Some(total), hold_id, policy),
+            HoldOutcome::Rejected(reason) if reason == "INSUFFICIENT_FUNDS" => {
+                declined(Reason::InsufficientFunds)
+            }
+            HoldOutcome::Rejected(_) => declined(Reason::WalletRejected),
+            HoldOutcome::Unavailable => declined(Reason::WalletUnavailable),
+            HoldOutcome::Ambiguous | HoldOutcome::Cancelled => {
+                let mut v = Verdict::because(Reason::WalletOutcomeUnknown, policy)
+                    .with_total(Some(total))
+                    .then(JobKind::WalletReconcile);
+                v.fraud_review = fraud_review;
+                v
+            }
+        }
+    }
+}
+
+/// A frozen cart's total and the items to reserve; `None` if the cart's answer is unusable.
+pub fn frozen_cart(frozen: cart::FreezeCartResponse) -> Option<(Money, Vec<inventory::Item>)> {
+    let total = frozen
+        .total
+        .filter(|t| t.minor_units >= 0 && !t.currency.is_empty())?;
+    let items = frozen
+        .lines
+        .into_iter()
+        .map(|line| inventory::Item {
+            sku: line.sku,
+            quantity: line.quantity,
+        })
+        .collect();
+    Some((
+        Money {
+            currency: total.currency,
+            minor_units: total.minor_units,
+        },
+        items,
+    ))
+}
+
+/// The waterfall outcome of a call.
+pub fn outcome_of<T>(result: &Result<T, CallError>) -> StepOutcome {
+    match result {
+        Ok(_) => StepOutcome::Ok,
+        Err(e) => match e.class() {
+            CallClass::Rejected => StepOutcome::Rejected,
+            CallClass::Unavailable => StepOutcome::Unavailable,
+            CallClass::Ambiguous => StepOutcome::Ambiguous,
+            CallClass::Cancelled => StepOutcome::Cancelled,
+        },
+    }
+}
+
+fn hold_step_outcome(outcome: &HoldOutcome) -> StepOutcome {
+    match outcome {
+        HoldOutcome::Success { .. } => StepOutcome::Ok,
+        HoldOutcome::Rejected(_) => StepOutcome::Rejected,
+        HoldOutcome::Unavailable => StepOutcome::Unavailable,
+        HoldOutcome::Ambiguous => StepOutcome::Ambiguous,
+        HoldOutcome::Cancelled => StepOutcome::Cancelled,
+    }
+}
+
+/// A duration in whole milliseconds, saturating.
+pub fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,16 @@
+//! The checkout service: validating requests, the request-path flow, the outcomes it can reach,
+//! and the gRPC surface that maps them onto `checkout.v1`.
+
+mod error;
+mod flow;
+mod reason;
+mod request;
+mod service;
+mod verdict;
+
+pub use error::{CheckoutError, ERROR_DOMAIN, X_DEADLINE_EXCEEDED};
+pub use flow::{Orchestrator, Placed, frozen_cart, millis, outcome_of};
+pub use reason::Reason;
+pub use request::{FieldViolation, OrderRequest, X_CLIENT_ID, is_key, order_id};
+pub use service::{CheckoutApi, order_to_proto};
+pub use verdict::Verdict;

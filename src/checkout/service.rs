@@ -1,0 +1,151 @@
+//! `checkout.v1.CheckoutService` over tonic: reads metadata and fields, hands the order to the
+//! [`Orchestrator`], and renders stored records as `Order` messages.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use tonic::{Request, Response, Status};
+
+use super::request::scope;
+use super::{CheckoutError, FieldViolation, Orchestrator, OrderRequest, Reason, order_id};
+use crate::budget::waterfall_duration;
+use crate::config::RetryAfterPolicy;
+use crate::deadline::ingest;
+use crate::proto::checkout::v1::{
+    self as pb, checkout_service_server::CheckoutService, get_order_request::Lookup,
+};
+use crate::store::{OrderRecord, OrderStatus, Phase};
+
+/// The gRPC face of the orchestrator.
+#[derive(Clone)]
+pub struct CheckoutApi {
+    orchestrator: Arc<Orchestrator>,
+}
+
+impl CheckoutApi {
+    /// Serves `orchestrator`.
+    pub fn new(orchestrator: Arc<Orchestrator>) -> Self {
+        Self { orchestrator }
+    }
+}
+
+#[tonic::async_trait]
+impl CheckoutService for CheckoutApi {
+    async fn place_order(
+        &self,
+        request: Request<pb::PlaceOrderRequest>,
+    ) -> Result<Response<pb::Order>, Status> {
+        let config = self.orchestrator.config();
+        let mut violations = Vec::new();
+        let deadline = ingest(request.metadata(), &config.deadline)
+            .map_err(|e| violations.push(FieldViolation::new(e.header, e.to_string())))
+            .ok();
+        let scope = scope(request.metadata(), &mut violations);
+        let order = OrderRequest::parse(scope, request.into_inner(), &mut violations);
+        let Some(deadline) = deadline.filter(|_| violations.is_empty()) else {
+            return Err(CheckoutError::BadRequest(violations).into());
+        };
+        let placed = self.orchestrator.place(order, deadline).await?;
+        let mut answer = order_to_proto(&placed.record, &config.retry_after);
+        answer.budget = Some(placed.waterfall.report(&deadline));
+        tracing::info!(
+            order_id = %answer.order_id,
+            status = ?answer.status(),
+            reason = %answer.reason,
+            elapsed_ms = deadline.elapsed().as_millis() as u64,
+            "PlaceOrder answered"
+        );
+        Ok(Response::new(answer))
+    }
+
+    async fn get_order(
+        &self,
+        request: Request<pb::GetOrderRequest>,
+    ) -> Result<Response<pb::Order>, Status> {
+        let mut violations = Vec::new();
+        let scope = scope(request.metadata(), &mut violations);
+        let id = match request.into_inner().lookup {
+            Some(Lookup::OrderId(id)) if !id.is_empty() => id,
+            Some(Lookup::IdempotencyKey(key)) if super::is_key(&key) => order_id(&scope, &key),
+            Some(Lookup::IdempotencyKey(_)) => {
+                violations.push(FieldViolation::new(
+                    "idempotency_key",
+                    "must be 1-64 characters of [A-Za-z0-9._:-]",
+                ));
+                String::new()
+            }
+            _ => {
+                violations.push(FieldViolation::new(
+                    "lookup",
+                    "set order_id or idempotency_key",
+                ));
+                String::new()
+            }
+        };
+        if !violations.is_empty() {
+            return Err(CheckoutError::BadRequest(violations).into());
+        }
+        let record = self
+            .orchestrator
+            .store()
+            .get(&id)
+            .await
+            .map_err(|source| CheckoutError::StoreUnavailable {
+                source,
+                retry_after: self.orchestrator.config().retry_after.unavailable,
+            })?
+            .ok_or(CheckoutError::NotFound(id))?;
+        Ok(Response::new(order_to_proto(
+            &record,
+            &self.orchestrator.config().retry_after,
+        )))
+    }
+}
+
+/// Renders a stored order (without a budget report).
+pub fn order_to_proto(record: &OrderRecord, policy: &RetryAfterPolicy) -> pb::Order {
+    let status = match record.status {
+        OrderStatus::Pending => pb::OrderStatus::Pending,
+        OrderStatus::Confirmed => pb::OrderStatus::Confirmed,
+        OrderStatus::Declined => pb::OrderStatus::Declined,
+    };
+    let retry_after = record
+        .retry_after_ms
+        .map(|ms| Duration::from_millis(ms.max(0).unsigned_abs()))
+        .or_else(|| {
+            // A record still being worked on by its first attempt has no advice stored yet.
+            (record.status == OrderStatus::Pending && record.reason == Reason::InProgress.as_str())
+                .then_some(policy.pending)
+        });
+    let hold_may_exist = record.hold_sent_at_ms.is_some()
+        || record.hold_id.is_some()
+        || record.phase == Phase::HoldSent;
+    pb::Order {
+        order_id: record.order.order_id.clone(),
+        status: status.into(),
+        reason: record.reason.clone(),
+        retryable: record.status == OrderStatus::Declined && record.retryable,
+        retry_after: retry_after.map(waterfall_duration),
+        total: record.total.as_ref().map(|m| pb::Money {
+            currency: m.currency.clone(),
+            minor_units: m.minor_units,
+        }),
+        wallet_reference: if hold_may_exist {
+            record.order.order_id.clone()
+        } else {
+            String::new()
+        },
+        created_at: Some(timestamp(record.order.created_at_ms)),
+        updated_at: Some(timestamp(record.updated_at_ms)),
+        budget: None,
+        parked_jobs: record
+            .parked_jobs
+            .iter()
+            .map(|k| k.as_str().to_owned())
+            .collect(),
+    }
+}
+
+fn timestamp(epoch_ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp::from(UNIX_EPOCH + Duration::from_millis(epoch_ms.max(0).unsigned_abs()))
+}

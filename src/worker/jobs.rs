@@ -1,0 +1,463 @@
+//! What each job kind does in one attempt. Every downstream call is keyed by the order id as
+//! reference, so repeating an attempt is safe: the wallet deduplicates holds, captures and
+//! releases; inventory deduplicates reservations.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+use crate::budget::{Budgeter, Step};
+use crate::checkout::{Reason, Verdict, frozen_cart, millis};
+use crate::config::Config;
+use crate::deadline::{Deadline, now_ms};
+use crate::downstream::{
+    CallClass, CallError, Downstreams, HoldOutcome, classify_hold, error_reason,
+};
+use crate::proto::{
+    cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
+};
+use crate::store::{JobKind, Money, OrderRecord, OrderStatus, OrderStore, Phase, TimeLimit};
+
+/// How an attempt ended, before it is written.
+#[derive(Debug)]
+pub enum Handled {
+    /// Finished; maybe with a new outcome for the order.
+    Done(Option<Verdict>),
+    /// Nothing failed, but the job must look again later (settle window).
+    Wait {
+        /// Not before, epoch ms.
+        until_ms: i64,
+        /// Why, for operators.
+        why: String,
+    },
+}
+
+/// Why an attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// Worth retrying after backoff.
+    #[error("{0}")]
+    Transient(String),
+    /// Retrying cannot help: park for an operator now.
+    #[error("{0}")]
+    Permanent(String),
+    /// The worker is stopping: try again soon, not a failure.
+    #[error("worker stopping")]
+    Stopping,
+}
+
+impl JobError {
+    fn call(what: &str, error: &CallError) -> Self {
+        match error.class() {
+            CallClass::Cancelled => Self::Stopping,
+            _ => Self::Transient(format!("{what}: {error}")),
+        }
+    }
+}
+
+/// Everything an attempt needs.
+pub struct Attempt<'a> {
+    /// Shared clients.
+    pub downstreams: &'a Downstreams,
+    /// The store.
+    pub store: &'a dyn OrderStore,
+    /// Policy.
+    pub config: &'a Config,
+    /// Budgets.
+    pub budgeter: &'a Budgeter,
+    /// This attempt's deadline (`worker.attempt_timeout`).
+    pub deadline: Deadline,
+    /// Fires when the worker stops.
+    pub stop: &'a CancellationToken,
+}
+
+impl Attempt<'_> {
+    /// Runs one attempt of `kind` for `order`.
+    pub async fn run(&self, kind: JobKind, order: &OrderRecord) -> Result<Handled, JobError> {
+        match kind {
+            JobKind::DriveOrder => self.drive(order).await,
+            JobKind::FraudRescore => self.rescore(order).await,
+            JobKind::WalletReconcile => self.reconcile(order).await,
+            JobKind::WalletCapture => self.capture(order).await,
+            JobKind::WalletRelease => self.release_hold(order).await,
+            JobKind::InventoryCommit => self.commit_inventory(order).await,
+            JobKind::InventoryRelease => self.release_inventory(order).await,
+        }
+    }
+
+    fn budget(&self, step: Step) -> Result<crate::budget::ChildBudget, JobError> {
+        self.budgeter
+            .allot_background(&self.deadline, step)
+            .map_err(|e| JobError::Transient(e.to_string()))
+    }
+
+    fn reference<'o>(&self, order: &'o OrderRecord) -> &'o str {
+        &order.order.order_id
+    }
+
+    /// Finishes an order the request path did not decide: its deadline ran out (PENDING
+    /// `BUDGET_EXHAUSTED`) or its process died (still IN_PROGRESS after the takeover time).
+    /// Every step is repeated with the same reference, so what already happened is found, not
+    /// redone.
+    async fn drive(&self, order: &OrderRecord) -> Result<Handled, JobError> {
+        let owned_elsewhere = [
+            Reason::FraudReview,
+            Reason::WalletOutcomeUnknown,
+            Reason::Parked,
+        ]
+        .iter()
+        .any(|r| r.as_str() == order.reason);
+        if order.status.is_terminal() || owned_elsewhere {
+            return Ok(Handled::Done(None));
+        }
+        let policy = &self.config.retry_after;
+        let hold_may_exist = order.phase == Phase::HoldSent || order.hold_sent_at_ms.is_some();
+        let o = &order.order;
+
+        let frozen = self
+            .downstreams
+            .freeze_cart(
+                &self.budget(Step::Cart)?,
+                self.stop,
+                cart::FreezeCartRequest {
+                    cart_id: o.cart_id.clone(),
+                    customer_id: o.customer_id.clone(),
+                    reference: o.order_id.clone(),
+                },
+            )
+            .await;
+        let declined = |reason, total: Option<Money>| {
+            Verdict::because(reason, policy)
+                .with_total(total)
+                .then(JobKind::InventoryRelease)
+                .then_if(hold_may_exist, JobKind::WalletRelease)
+        };
+        let (total, items) = match frozen {
+            Ok(frozen) => frozen_cart(frozen)
+                .ok_or_else(|| JobError::Transient("cart answered without a total".into()))?,
+            Err(e) if e.code() == Some(Code::NotFound) => {
+                return Ok(Handled::Done(Some(declined(Reason::CartNotFound, None))));
+            }
+            Err(e) => return Err(JobError::call("cart", &e)),
+        };
+        if o.expected_total
+            .as_ref()
+            .is_some_and(|expected| *expected != total)
+        {
+            return Ok(Handled::Done(Some(declined(
+                Reason::PriceChanged,
+                Some(total),
+            ))));
+        }
+
+        let score = self
+            .downstreams
+            .score(
+                &self.budget(Step::Fraud)?,
+                self.stop,
+                score_request(order, &total),
+            )
+            .await
+            .map_err(|e| JobError::call("fraud", &e))?;
+        match score.verdict() {
+            fraud::Verdict::Deny => {
+                return Ok(Handled::Done(Some(declined(
+                    Reason::FraudDenied,
+                    Some(total),
+                ))));
+            }
+            fraud::Verdict::Approve => {}
+            fraud::Verdict::Unspecified => {
+                return Err(JobError::Transient(
+                    "fraud answered without a verdict".into(),
+                ));
+            }
+        }
+
+        let reserved = self
+            .downstreams
+            .reserve(
+                &self.budget(Step::Inventory)?,
+                self.stop,
+                inventory::ReserveRequest {
+                    reference: o.order_id.clone(),
+                    items,
+                },
+            )
+            .await;
+        match reserved {
+            Ok(_) => {}
+            Err(CallError::Status(s)) if error_reason(&s).as_deref() == Some("OUT_OF_STOCK") => {
+                let v = Verdict::because(Reason::OutOfStock, policy)
+                    .with_total(Some(total))
+                    .then_if(hold_may_exist, JobKind::WalletRelease);
+                return Ok(Handled::Done(Some(v)));
+            }
+            Err(e) => return Err(JobError::call("inventory", &e)),
+        }
+
+        if order.phase == Phase::Received {
+            self.store
+                .record_hold_intent(
+                    &o.order_id,
+                    &total,
+                    now_ms(),
+                    TimeLimit(self.config.store.background_timeout),
+                )
+                .await
+                .map_err(|e| JobError::Transient(format!("recording HOLD_SENT: {e}")))?;
+        }
+        self.hold(order, total, false).await
+    }
+
+    /// Sends the hold (again: the reference makes a repeat safe) and decides from its outcome.
+    async fn hold(
+        &self,
+        order: &OrderRecord,
+        total: Money,
+        fraud_review: bool,
+    ) -> Result<Handled, JobError> {
+        let policy = &self.config.retry_after;
+        let request = wallet::HoldRequest {
+            reference: order.order.order_id.clone(),
+            account_id: order.order.wallet_account_id.clone(),
+            amount: Some(wallet::Money {
+                currency: total.currency.clone(),
+                minor_units: total.minor_units,
+            }),
+        };
+        let outcome = classify_hold(
+            self.downstreams
+                .hold(&self.budget(Step::WalletHold)?, self.stop, request)
+                .await,
+        );
+        let declined = |reason| {
+            Verdict::because(reason, policy)
+                .with_total(Some(total.clone()))
+                .then(JobKind::InventoryRelease)
+        };
+        match outcome {
+            HoldOutcome::Success { hold_id } => Ok(Handled::Done(Some(held(
+                total,
+                hold_id,
+                fraud_review,
+                policy,
+            )))),
+            HoldOutcome::Rejected(r) if r == "INSUFFICIENT_FUNDS" => {
+                Ok(Handled::Done(Some(declined(Reason::InsufficientFunds))))
+            }
+            HoldOutcome::Rejected(_) => Ok(Handled::Done(Some(declined(Reason::WalletRejected)))),
+            HoldOutcome::Unavailable => Err(JobError::Transient("wallet unavailable".into())),
+            HoldOutcome::Ambiguous => {
+                Err(JobError::Transient("wallet hold outcome unknown".into()))
+            }
+            HoldOutcome::Cancelled => Err(JobError::Stopping),
+        }
+    }
+
+    /// FRAUD_REVIEW: the hold exists; fraud decides between capture and release.
+    async fn rescore(&self, order: &OrderRecord) -> Result<Handled, JobError> {
+        if order.status != OrderStatus::Pending || !order.fraud_review {
+            return Ok(Handled::Done(None));
+        }
+        let policy = &self.config.retry_after;
+        let total = order
+            .total
+            .clone()
+            .ok_or_else(|| JobError::Permanent("held order has no total".into()))?;
+        let score = self
+            .downstreams
+            .score(
+                &self.budget(Step::Fraud)?,
+                self.stop,
+                score_request(order, &total),
+            )
+            .await
+            .map_err(|e| JobError::call("fraud", &e))?;
+        let verdict = match score.verdict() {
+            fraud::Verdict::Approve => Verdict::confirmed(
+                Some(total),
+                order.hold_id.clone().unwrap_or_default(),
+                policy,
+            ),
+            fraud::Verdict::Deny => Verdict::because(Reason::FraudDenied, policy)
+                .then(JobKind::WalletRelease)
+                .then(JobKind::InventoryRelease),
+            fraud::Verdict::Unspecified => {
+                return Err(JobError::Transient(
+                    "fraud answered without a verdict".into(),
+                ));
+            }
+        };
+        Ok(Handled::Done(Some(verdict)))
+    }
+
+    /// Finds out by reference whether a hold exists. For a PENDING order (outcome unknown) a
+    /// found hold decides it; nothing found after the settle window means the hold is re-sent
+    /// with the SAME reference. For a DECLINED order (the caller abandoned it mid-hold) a found
+    /// hold is released.
+    async fn reconcile(&self, order: &OrderRecord) -> Result<Handled, JobError> {
+        if order.status == OrderStatus::Confirmed {
+            return Ok(Handled::Done(None));
+        }
+        let policy = &self.config.retry_after;
+        let reference = self.reference(order);
+        let looked = self
+            .downstreams
+            .lookup_hold(&self.budget(Step::WalletLookup)?, self.stop, reference)
+            .await;
+        let settle_until = order.hold_sent_at_ms.unwrap_or(order.order.created_at_ms)
+            + millis(self.config.worker.settle_window);
+        match looked {
+            Ok(hold) => match (order.status, hold.state()) {
+                (OrderStatus::Declined, wallet::HoldState::Active) => {
+                    self.downstreams
+                        .release_hold(&self.budget(Step::WalletHold)?, self.stop, reference)
+                        .await
+                        .map_err(|e| JobError::call("wallet release", &e))?;
+                    Ok(Handled::Done(None))
+                }
+                (OrderStatus::Declined, wallet::HoldState::Captured) => Err(JobError::Permanent(
+                    "a declined order's hold was captured: refund needed".into(),
+                )),
+                (OrderStatus::Declined, _) => Ok(Handled::Done(None)),
+                (_, wallet::HoldState::Active | wallet::HoldState::Captured) => {
+                    let total = order.total.clone().unwrap_or(Money {
+                        currency: String::new(),
+                        minor_units: 0,
+                    });
+                    Ok(Handled::Done(Some(held(
+                        total,
+                        hold.hold_id,
+                        order.fraud_review,
+                        policy,
+                    ))))
+                }
+                (_, state) => Err(JobError::Permanent(format!(
+                    "hold for a pending order is {state:?}"
+                ))),
+            },
+            Err(e) if e.code() == Some(Code::NotFound) => {
+                if now_ms() < settle_until {
+                    return Ok(Handled::Wait {
+                        until_ms: settle_until,
+                        why: "no hold yet; waiting for the settle window".into(),
+                    });
+                }
+                if order.status == OrderStatus::Declined {
+                    return Ok(Handled::Done(None));
+                }
+                let total = order.total.clone().ok_or_else(|| {
+                    JobError::Permanent("unknown hold outcome without a total".into())
+                })?;
+                self.hold(order, total, order.fraud_review).await
+            }
+            Err(e) => Err(JobError::call("wallet lookup", &e)),
+        }
+    }
+
+    async fn capture(&self, order: &OrderRecord) -> Result<Handled, JobError> {
+        if order.status != OrderStatus::Confirmed {
+            // Only orders whose caller was told CONFIRMED are captured.
+            return Err(JobError::Permanent(format!(
+                "capture job on a {} order",
+                order.status.as_str()
+            )));
+        }
+        let result = self
+            .downstreams
+            .capture(
+                &self.budget(Step::WalletHold)?,
+                self.stop,
+                self.reference(order),
+            )
+            .await;
+        settle("wallet capture", result, &[])
+    }
+
+    async fn release_hold(&self, order: &OrderRecord) -> Result<Handled, JobError> {
+        let result = self
+            .downstreams
+            .release_hold(
+                &self.budget(Step::WalletHold)?,
+                self.stop,
+                self.reference(order),
+            )
+            .await;
+        settle("wallet release", result, &[Code::NotFound])
+    }
+
+    async fn commit_inventory(&self, order: &OrderRecord) -> Result<Handled, JobError> {
+        let result = self
+            .downstreams
+            .commit_inventory(
+                &self.budget(Step::Inventory)?,
+                self.stop,
+                self.reference(order),
+            )
+            .await;
+        settle("inventory commit", result, &[])
+    }
+
+    async fn release_inventory(&self, order: &OrderRecord) -> Result<Handled, JobError> {
+        let result = self
+            .downstreams
+            .release_inventory(
+                &self.budget(Step::Inventory)?,
+                self.stop,
+                self.reference(order),
+            )
+            .await;
+        settle("inventory release", result, &[Code::NotFound])
+    }
+}
+
+/// The verdict once a hold is known to exist.
+fn held(
+    total: Money,
+    hold_id: String,
+    fraud_review: bool,
+    policy: &crate::config::RetryAfterPolicy,
+) -> Verdict {
+    if fraud_review {
+        let mut v = Verdict::because(Reason::FraudReview, policy)
+            .with_total(Some(total))
+            .then(JobKind::FraudRescore);
+        v.hold_id = Some(hold_id);
+        v.fraud_review = true;
+        v
+    } else {
+        Verdict::confirmed(Some(total), hold_id, policy)
+    }
+}
+
+fn score_request(order: &OrderRecord, total: &Money) -> fraud::ScoreRequest {
+    fraud::ScoreRequest {
+        reference: order.order.order_id.clone(),
+        customer_id: order.order.customer_id.clone(),
+        wallet_account_id: order.order.wallet_account_id.clone(),
+        currency: total.currency.clone(),
+        amount_minor_units: total.minor_units,
+    }
+}
+
+/// A compensation or completion call: done on success or on a code that means "nothing to do";
+/// a definitive refusal needs an operator; anything else is retried.
+fn settle<T>(
+    what: &str,
+    result: Result<T, CallError>,
+    nothing_to_do: &[Code],
+) -> Result<Handled, JobError> {
+    match result {
+        Ok(_) => Ok(Handled::Done(None)),
+        Err(e) if e.code().is_some_and(|c| nothing_to_do.contains(&c)) => Ok(Handled::Done(None)),
+        Err(e) if e.class() == CallClass::Rejected => {
+            Err(JobError::Permanent(format!("{what}: {e}")))
+        }
+        Err(e) => Err(JobError::call(what, &e)),
+    }
+}
+
+/// How long a job whose retry was refused by the retry budget waits before asking again.
+pub const BUDGET_WAIT: Duration = Duration::from_millis(500);
