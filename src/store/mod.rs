@@ -8,21 +8,83 @@
 //! the caller's deadline, so an order whose process died mid-flight is found and finished by a
 //! worker without any scan. Jobs are leased (one worker at a time), retried with backoff by the
 //! worker, and parked — never dropped — after `max_attempts`.
+//!
+//! # Layout
+//! - [`MemoryStore`] (`memory.rs`): the reference semantics, in process memory.
+//! - [`SqliteStore`] (`sqlite.rs`): the embedded default, one file under the data dir.
+//! - [`PostgresStore`] (`postgres.rs`): one database shared by several replicas.
+//! - `sql.rs`: statements and row decoding both SQL backends share; `call.rs`: the time bound
+//!   of one call and how its failure is classified; `schema.rs`: the embedded migrations
+//!   (`migrations/sqlite/`, `migrations/postgres/`), applied at open.
+//!
+//! Every time is an epoch-millisecond value given by the caller (nothing reads a clock inside
+//! SQL), so tests are deterministic.
 
+mod call;
+mod memory;
+mod postgres;
 mod records;
+mod schema;
+mod sql;
+mod sqlite;
 
+pub use memory::MemoryStore;
+pub use postgres::PostgresStore;
 pub use records::{
     Begin, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewJob, NewOrder, OrderRecord,
     OrderStatus, Phase, StoreError, TimeLimit,
 };
+pub use sqlite::SqliteStore;
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
+
+use crate::config::StoreConfig;
+
+/// Opens the store the configuration names: PostgreSQL when `database_url` is set (a
+/// `postgres://` or `postgresql://` URL), otherwise SQLite under `data_dir`. Applies the schema.
+pub async fn open(config: &StoreConfig) -> Result<Arc<dyn OrderStore>, StoreError> {
+    match config.database_url.as_deref() {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let store = PostgresStore::open(
+                url,
+                config.max_connections,
+                config.statement_guard,
+                config.background_timeout,
+            )
+            .await?;
+            Ok(Arc::new(store))
+        }
+        // The URL itself is not repeated: it may carry a password.
+        Some(_) => Err(StoreError::Unavailable(
+            "store.database_url must start with postgres:// or postgresql://".to_owned(),
+        )),
+        None => {
+            let store = SqliteStore::open(
+                &config.data_dir,
+                config.sqlite_synchronous,
+                config.max_connections,
+                config.background_timeout,
+            )
+            .await?;
+            Ok(Arc::new(store))
+        }
+    }
+}
 
 /// Where orders and jobs live. Implemented by the embedded SQLite store (the default) and the
 /// PostgreSQL store (shared by replicas); an in-memory store exists for tests and benchmarks.
 ///
 /// Every method is one transaction. Methods taking a [`TimeLimit`] run on the request path and
 /// must give up (returning [`StoreError::Timeout`]) rather than outlive the caller's budget.
+///
+/// How the database stores fail: [`StoreError::Unavailable`] when no connection could be had
+/// within the limit (nothing was sent) or the database failed the call; [`StoreError::Timeout`]
+/// when the call was cut off after it started (the server cancelled it, or the limit passed);
+/// [`StoreError::Corrupt`] when a stored row makes no sense. After a Timeout, or an
+/// Unavailable from a broken connection, a write may or may not have committed: read (or
+/// `begin` again) before assuming either.
 #[async_trait]
 pub trait OrderStore: Send + Sync + 'static {
     /// Records a new order as RECEIVED (status PENDING, reason IN_PROGRESS) together with its
@@ -79,4 +141,8 @@ pub trait OrderStore: Send + Sync + 'static {
 
     /// Counts for operators.
     async fn stats(&self) -> Result<JobStats, StoreError>;
+
+    /// Closes the store's connections at shutdown (SQLite checkpoints its WAL); calls made
+    /// afterwards fail with [`StoreError::Unavailable`]. Does nothing by default.
+    async fn close(&self) {}
 }

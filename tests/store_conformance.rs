@@ -1,0 +1,1125 @@
+//! One conformance suite for every `OrderStore`: the cases in [`cases`] are written once and
+//! run against the in-memory reference, SQLite (real files in a temporary directory) and, with
+//! `--features postgres-tests`, PostgreSQL (a fresh database per test, so tests run in
+//! parallel). Backend-specific behaviour (reopening a file, replicas claiming concurrently,
+//! lock waits cut off by the request's limit) has its own modules at the end.
+//!
+//! PostgreSQL tests connect to `CHECKOUT_TEST_DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`) and create and drop `checkout_t_<random>`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use checkout::config::SqliteSynchronous;
+use checkout::store::{
+    Begin, Decision, Job, JobKind, JobOutcome, JobStats, MemoryStore, Money, NewJob, NewOrder,
+    OrderRecord, OrderStatus, OrderStore, Phase, SqliteStore, StoreError, TimeLimit,
+};
+use tempfile::TempDir;
+
+/// A limit no healthy store comes near.
+const LIMIT: TimeLimit = TimeLimit(Duration::from_secs(10));
+
+/// Background timeout of the stores under test.
+const BACKGROUND: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------------
+// Builders
+
+fn new_order(order_id: &str, created_at_ms: i64) -> NewOrder {
+    NewOrder {
+        order_id: order_id.to_owned(),
+        scope: "tests:checkout".to_owned(),
+        idempotency_key: format!("key-{order_id}"),
+        request_hash: "5f1d".to_owned(),
+        customer_id: "customer-1".to_owned(),
+        cart_id: "cart-4200".to_owned(),
+        wallet_account_id: "account-1".to_owned(),
+        expected_total: None,
+        deadline_ms: created_at_ms + 2_400,
+        created_at_ms,
+    }
+}
+
+fn usd(minor_units: i64) -> Money {
+    Money {
+        currency: "USD".to_owned(),
+        minor_units,
+    }
+}
+
+fn decision(order_id: &str, status: OrderStatus, reason: &str, at_ms: i64) -> Decision {
+    Decision {
+        order_id: order_id.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        retryable: false,
+        retry_after_ms: None,
+        total: None,
+        hold_id: None,
+        fraud_review: false,
+        jobs: Vec::new(),
+        complete: Vec::new(),
+        at_ms,
+    }
+}
+
+fn job(kind: JobKind, run_at_ms: i64) -> NewJob {
+    NewJob {
+        kind,
+        run_at_ms,
+        reschedule: false,
+    }
+}
+
+fn retry(run_at_ms: i64, failed: bool) -> JobOutcome {
+    JobOutcome::RetryAt {
+        run_at_ms,
+        failed,
+        error: "wallet unavailable".to_owned(),
+    }
+}
+
+/// Begins an order that must be new.
+async fn create(store: &dyn OrderStore, order_id: &str, takeover_at_ms: i64) -> OrderRecord {
+    match store
+        .begin(&new_order(order_id, 0), takeover_at_ms, LIMIT)
+        .await
+        .expect("begin")
+    {
+        Begin::Created(record) => record,
+        Begin::Existing(record) => panic!("{order_id} already existed: {record:?}"),
+    }
+}
+
+/// Reads an order that must exist.
+async fn stored(store: &dyn OrderStore, order_id: &str) -> OrderRecord {
+    store
+        .get(order_id)
+        .await
+        .expect("get")
+        .unwrap_or_else(|| panic!("{order_id} is stored"))
+}
+
+/// Claims everything due at `now_ms` for `owner`.
+async fn claim(store: &dyn OrderStore, owner: &str, now_ms: i64, lease_until_ms: i64) -> Vec<Job> {
+    store
+        .claim_due(owner, now_ms, lease_until_ms, 100)
+        .await
+        .expect("claim_due")
+}
+
+/// Claims the one job due at `now_ms`.
+async fn claim_one(store: &dyn OrderStore, now_ms: i64, lease_until_ms: i64) -> Job {
+    let mut jobs = claim(store, "worker-a", now_ms, lease_until_ms).await;
+    assert_eq!(jobs.len(), 1, "exactly one job due at {now_ms}: {jobs:?}");
+    jobs.remove(0)
+}
+
+fn kinds(jobs: &[Job]) -> Vec<(String, JobKind)> {
+    jobs.iter().map(|j| (j.order_id.clone(), j.kind)).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backends
+
+/// A store under test and what must outlive it (its directory or database).
+struct Harness {
+    store: Arc<dyn OrderStore>,
+    _keep: Keep,
+}
+
+enum Keep {
+    Nothing,
+    Dir(#[allow(dead_code)] TempDir),
+    #[cfg(feature = "postgres-tests")]
+    Database(#[allow(dead_code)] pg::TestDatabase),
+}
+
+impl Harness {
+    async fn memory() -> Self {
+        Self {
+            store: Arc::new(MemoryStore::new()),
+            _keep: Keep::Nothing,
+        }
+    }
+
+    async fn sqlite() -> Self {
+        let dir = TempDir::new().expect("temp dir");
+        let store = SqliteStore::open(dir.path(), SqliteSynchronous::Full, 4, BACKGROUND)
+            .await
+            .expect("open sqlite");
+        Self {
+            store: Arc::new(store),
+            _keep: Keep::Dir(dir),
+        }
+    }
+
+    #[cfg(feature = "postgres-tests")]
+    async fn postgres() -> Self {
+        let database = pg::TestDatabase::create().await;
+        let store = database.open().await;
+        Self {
+            store: Arc::new(store),
+            _keep: Keep::Database(database),
+        }
+    }
+
+    /// Closes the store before its directory or database goes.
+    async fn finish(self) {
+        self.store.close().await;
+    }
+}
+
+#[cfg(feature = "postgres-tests")]
+mod pg {
+    //! Fresh PostgreSQL databases for tests.
+
+    use super::*;
+    use checkout::store::PostgresStore;
+    use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
+
+    /// One database of its own, dropped (with any connection still open) when this is.
+    pub struct TestDatabase {
+        admin_url: String,
+        name: String,
+    }
+
+    fn admin_url() -> String {
+        std::env::var("CHECKOUT_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    }
+
+    impl TestDatabase {
+        pub async fn create() -> Self {
+            let admin_url = admin_url();
+            let name = format!("checkout_t_{:016x}", rand::random::<u64>());
+            let mut admin = PgConnection::connect(&admin_url)
+                .await
+                .expect("connect to CHECKOUT_TEST_DATABASE_URL");
+            admin
+                .execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .await
+                .expect("create test database");
+            admin.close().await.ok();
+            Self { admin_url, name }
+        }
+
+        /// The URL of this database: the admin URL with its database name replaced.
+        pub fn url(&self) -> String {
+            let (base, query) = match self.admin_url.split_once('?') {
+                Some((base, query)) => (base, format!("?{query}")),
+                None => (self.admin_url.as_str(), String::new()),
+            };
+            let (server, _) = base.rsplit_once('/').expect("a URL with a database path");
+            format!("{server}/{}{query}", self.name)
+        }
+
+        /// A store on this database, like one replica.
+        pub async fn open(&self) -> PostgresStore {
+            PostgresStore::open(&self.url(), 8, Duration::from_millis(5), BACKGROUND)
+                .await
+                .expect("open postgres")
+        }
+    }
+
+    impl Drop for TestDatabase {
+        fn drop(&mut self) {
+            // Drop cannot await (and may run while a test panics): drop the database from a
+            // thread with its own runtime.
+            let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+            let dropped = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                runtime.block_on(async move {
+                    let mut admin = PgConnection::connect(&admin_url).await?;
+                    admin
+                        .execute(AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                        )))
+                        .await?;
+                    admin.close().await
+                })
+            })
+            .join();
+            if !matches!(dropped, Ok(Ok(()))) {
+                eprintln!("could not drop test database {}", self.name);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cases every store must pass
+
+mod cases {
+    use super::*;
+
+    /// A new order id is recorded once, as RECEIVED with a due `drive_order` job; later
+    /// begins return the stored record and change nothing.
+    pub async fn begin_records_an_order_once_and_returns_it_after(store: Arc<dyn OrderStore>) {
+        let store = &*store;
+        let mut order = new_order("o-1", 1_000);
+        order.expected_total = Some(usd(4_200));
+        let Begin::Created(created) = store.begin(&order, 4_400, LIMIT).await.expect("begin")
+        else {
+            panic!("the first begin creates the order");
+        };
+        assert_eq!(created.order, order);
+        assert_eq!(created.phase, Phase::Received);
+        assert_eq!(created.status, OrderStatus::Pending);
+        assert_eq!(created.reason, "IN_PROGRESS");
+        assert!(!created.retryable && !created.fraud_review);
+        assert_eq!(created.retry_after_ms, None);
+        assert_eq!(
+            (created.total.clone(), created.hold_id.clone()),
+            (None, None)
+        );
+        assert_eq!(created.hold_sent_at_ms, None);
+        assert_eq!(created.updated_at_ms, 1_000);
+        assert!(created.parked_jobs.is_empty());
+        assert_eq!(stored(store, "o-1").await, created);
+
+        let mut again = new_order("o-1", 2_000);
+        again.request_hash = "different".to_owned();
+        let begun = store
+            .begin(&again, 9_999, LIMIT)
+            .await
+            .expect("begin again");
+        assert_eq!(begun, Begin::Existing(created.clone()));
+        assert_eq!(stored(store, "o-1").await, created);
+
+        assert!(claim(store, "w", 4_399, 10_000).await.is_empty());
+        let jobs = claim(store, "w", 4_400, 10_000).await;
+        assert_eq!(kinds(&jobs), [("o-1".to_owned(), JobKind::DriveOrder)]);
+        assert_eq!(jobs[0].attempts, 0);
+        let stats = store.stats().await.expect("stats");
+        assert_eq!(
+            stats,
+            JobStats {
+                pending: 1,
+                parked: 0,
+                done: 0,
+                orders_pending: 1
+            }
+        );
+    }
+
+    /// Twenty concurrent begins of one order id: exactly one creates it, the rest see it.
+    pub async fn concurrent_begins_of_one_order_create_it_exactly_once(store: Arc<dyn OrderStore>) {
+        let tasks: Vec<_> = (0..20)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    store
+                        .begin(&new_order("o-race", i), 5_000, LIMIT)
+                        .await
+                        .expect("begin")
+                })
+            })
+            .collect();
+        let mut created = 0;
+        for task in tasks {
+            if matches!(task.await.expect("task"), Begin::Created(_)) {
+                created += 1;
+            }
+        }
+        assert_eq!(created, 1);
+        let stats = store.stats().await.expect("stats");
+        assert_eq!((stats.pending, stats.orders_pending), (1, 1));
+    }
+
+    /// The hold intent moves a RECEIVED order to HOLD_SENT once; later intents, intents after
+    /// a decision and intents for unknown orders change nothing.
+    pub async fn hold_intent_is_recorded_only_from_received(store: Arc<dyn OrderStore>) {
+        let store = &*store;
+        create(store, "o-1", 5_000).await;
+        store
+            .record_hold_intent("o-1", &usd(4_200), 300, LIMIT)
+            .await
+            .expect("hold intent");
+        let held = stored(store, "o-1").await;
+        assert_eq!(held.phase, Phase::HoldSent);
+        assert_eq!(held.total, Some(usd(4_200)));
+        assert_eq!(held.hold_sent_at_ms, Some(300));
+        assert_eq!(held.updated_at_ms, 300);
+        assert_eq!(held.status, OrderStatus::Pending);
+
+        store
+            .record_hold_intent("o-1", &usd(1), 400, LIMIT)
+            .await
+            .expect("second hold intent");
+        assert_eq!(stored(store, "o-1").await, held);
+
+        create(store, "o-2", 5_000).await;
+        let decided = store
+            .decide(
+                &decision("o-2", OrderStatus::Declined, "OUT_OF_STOCK", 200),
+                LIMIT,
+            )
+            .await
+            .expect("decide");
+        store
+            .record_hold_intent("o-2", &usd(4_200), 300, LIMIT)
+            .await
+            .expect("hold intent after decision");
+        assert_eq!(stored(store, "o-2").await, decided);
+
+        store
+            .record_hold_intent("o-missing", &usd(4_200), 300, LIMIT)
+            .await
+            .expect("hold intent for an unknown order is a no-op");
+        assert_eq!(store.get("o-missing").await.expect("get"), None);
+    }
+
+    /// A decision applies once: a second decision on the terminal order changes nothing and
+    /// returns the stored record; a decision for an unknown order is corrupt.
+    pub async fn a_decision_applies_once_and_later_ones_return_the_stored_order(
+        store: Arc<dyn OrderStore>,
+    ) {
+        let store = &*store;
+        create(store, "o-1", 5_000).await;
+        store
+            .record_hold_intent("o-1", &usd(4_200), 300, LIMIT)
+            .await
+            .expect("hold intent");
+        let mut confirm = decision("o-1", OrderStatus::Confirmed, "", 400);
+        confirm.hold_id = Some("hold-1".to_owned());
+        confirm.complete = vec![JobKind::DriveOrder];
+        let confirmed = store.decide(&confirm, LIMIT).await.expect("decide");
+        assert_eq!(confirmed.phase, Phase::Decided);
+        assert_eq!(confirmed.status, OrderStatus::Confirmed);
+        assert_eq!(confirmed.reason, "");
+        assert_eq!(
+            confirmed.total,
+            Some(usd(4_200)),
+            "a missing total keeps the stored one"
+        );
+        assert_eq!(confirmed.hold_id.as_deref(), Some("hold-1"));
+        assert_eq!(confirmed.hold_sent_at_ms, Some(300));
+        assert_eq!(confirmed.updated_at_ms, 400);
+        assert_eq!(stored(store, "o-1").await, confirmed);
+
+        let mut decline = decision("o-1", OrderStatus::Declined, "WALLET_REJECTED", 500);
+        decline.retryable = true;
+        decline.retry_after_ms = Some(2_000);
+        decline.total = Some(usd(1));
+        decline.jobs = vec![job(JobKind::WalletRelease, 500)];
+        let replay = store.decide(&decline, LIMIT).await.expect("second decide");
+        assert_eq!(replay, confirmed);
+        assert_eq!(stored(store, "o-1").await, confirmed);
+        assert!(
+            claim(store, "w", 100_000, 200_000).await.is_empty(),
+            "the ignored decision added no job"
+        );
+
+        let missing = store
+            .decide(&decision("o-missing", OrderStatus::Confirmed, "", 1), LIMIT)
+            .await;
+        assert!(
+            matches!(missing, Err(StoreError::Corrupt(_))),
+            "{missing:?}"
+        );
+    }
+
+    /// A PENDING decision (the worker owns the order) records its fields and still lets a
+    /// later decision finish the order.
+    pub async fn a_pending_decision_is_followed_by_a_final_one(store: Arc<dyn OrderStore>) {
+        let store = &*store;
+        create(store, "o-1", 5_000).await;
+        let mut pending = decision("o-1", OrderStatus::Pending, "FRAUD_REVIEW", 200);
+        pending.retry_after_ms = Some(1_000);
+        pending.fraud_review = true;
+        pending.total = Some(usd(4_200));
+        pending.hold_id = Some("hold-1".to_owned());
+        let recorded = store
+            .decide(&pending, LIMIT)
+            .await
+            .expect("pending decision");
+        assert_eq!(recorded.phase, Phase::Decided);
+        assert_eq!(recorded.status, OrderStatus::Pending);
+        assert_eq!(recorded.reason, "FRAUD_REVIEW");
+        assert_eq!(recorded.retry_after_ms, Some(1_000));
+        assert!(recorded.fraud_review);
+        assert_eq!(recorded.total, Some(usd(4_200)));
+
+        let final_ = store
+            .decide(
+                &decision("o-1", OrderStatus::Declined, "FRAUD_DENIED", 900),
+                LIMIT,
+            )
+            .await
+            .expect("final decision");
+        assert_eq!(final_.status, OrderStatus::Declined);
+        assert_eq!(final_.reason, "FRAUD_DENIED");
+        assert_eq!(final_.retry_after_ms, None);
+        assert!(!final_.fraud_review);
+        assert_eq!(final_.total, Some(usd(4_200)));
+        assert_eq!(final_.hold_id.as_deref(), Some("hold-1"));
+        assert_eq!(final_.updated_at_ms, 900);
+    }
+
+    /// A decision adds its jobs (keeping an existing job of the same kind as it is) and marks
+    /// the kinds it completes done, in the same write.
+    pub async fn decision_jobs_are_added_once_and_completed_kinds_are_done(
+        store: Arc<dyn OrderStore>,
+    ) {
+        let store = &*store;
+        create(store, "o-1", 10_000).await;
+        let mut unknown = decision("o-1", OrderStatus::Pending, "WALLET_OUTCOME_UNKNOWN", 100);
+        unknown.jobs = vec![
+            job(JobKind::WalletReconcile, 500),
+            job(JobKind::DriveOrder, 20_000),
+        ];
+        store.decide(&unknown, LIMIT).await.expect("decide");
+        let reconcile = claim_one(store, 600, 700).await;
+        assert_eq!(reconcile.kind, JobKind::WalletReconcile);
+
+        let mut confirm = decision("o-1", OrderStatus::Confirmed, "", 650);
+        confirm.jobs = vec![
+            job(JobKind::WalletCapture, 1_000),
+            job(JobKind::InventoryCommit, 1_000),
+            job(JobKind::WalletReconcile, 2_000),
+        ];
+        confirm.complete = vec![JobKind::DriveOrder];
+        store.decide(&confirm, LIMIT).await.expect("decide");
+        let stats = store.stats().await.expect("stats");
+        assert_eq!((stats.pending, stats.done, stats.parked), (3, 1, 0));
+        assert_eq!(stats.orders_pending, 0);
+
+        // The reconcile job kept its lease through the second decision.
+        assert!(
+            store
+                .finish_job(&reconcile, &retry(700, false))
+                .await
+                .expect("finish"),
+            "a job the decision did not reschedule keeps its lease"
+        );
+        // The drive_order kept its time (10_000, not 20_000) and is now done.
+        let jobs = claim(store, "w", 20_000, 30_000).await;
+        let order = |k| ("o-1".to_owned(), k);
+        assert_eq!(
+            kinds(&jobs),
+            [
+                order(JobKind::WalletReconcile),
+                order(JobKind::WalletCapture),
+                order(JobKind::InventoryCommit),
+            ]
+        );
+    }
+
+    /// A decision that reschedules a job makes it pending again at the new time with attempts
+    /// reset, which voids the lease of whoever held it.
+    pub async fn a_rescheduling_decision_resets_the_job_and_voids_its_lease(
+        store: Arc<dyn OrderStore>,
+    ) {
+        let store = &*store;
+        create(store, "o-1", 1_000).await;
+        let first = claim_one(store, 1_000, 5_000).await;
+        assert!(
+            store
+                .finish_job(&first, &retry(1_500, true))
+                .await
+                .expect("retry")
+        );
+        let second = claim_one(store, 1_500, 9_000).await;
+        assert_eq!(second.attempts, 1);
+
+        let mut exhausted = decision("o-1", OrderStatus::Pending, "BUDGET_EXHAUSTED", 1_600);
+        exhausted.jobs = vec![NewJob {
+            kind: JobKind::DriveOrder,
+            run_at_ms: 1_600,
+            reschedule: true,
+        }];
+        store.decide(&exhausted, LIMIT).await.expect("decide");
+
+        assert!(
+            !store
+                .finish_job(&second, &JobOutcome::Done(None))
+                .await
+                .expect("finish"),
+            "the rescheduled job's old lease is void"
+        );
+        assert!(claim(store, "w", 1_599, 9_000).await.is_empty());
+        let third = claim_one(store, 1_600, 9_000).await;
+        assert_eq!((third.id, third.attempts), (first.id, 0));
+    }
+
+    /// Claims take due jobs oldest first, up to the limit; jobs not yet due wait.
+    pub async fn claims_take_due_jobs_oldest_first_up_to_the_limit(store: Arc<dyn OrderStore>) {
+        let store = &*store;
+        for (id, takeover) in [
+            ("o-a", 50),
+            ("o-b", 40),
+            ("o-c", 30),
+            ("o-d", 20),
+            ("o-e", 10),
+        ] {
+            create(store, id, takeover).await;
+        }
+        create(store, "o-later", 1_000).await;
+        assert!(
+            store
+                .claim_due("w", 100, 500, 0)
+                .await
+                .expect("claim")
+                .is_empty()
+        );
+        let first = store.claim_due("w", 100, 500, 3).await.expect("claim");
+        let ids: Vec<_> = first.iter().map(|j| j.order_id.as_str()).collect();
+        assert_eq!(ids, ["o-e", "o-d", "o-c"]);
+        assert!(
+            first
+                .iter()
+                .all(|j| j.lease_owner == "w" && j.lease_until_ms == 500)
+        );
+        let rest = store.claim_due("w", 100, 500, 3).await.expect("claim");
+        let ids: Vec<_> = rest.iter().map(|j| j.order_id.as_str()).collect();
+        assert_eq!(ids, ["o-b", "o-a"]);
+    }
+
+    /// A lease is a token: a finish from the wrong owner or with a stale lease changes nothing,
+    /// an expired lease lets another worker claim the job, and a finished job cannot be
+    /// finished again.
+    pub async fn a_finish_with_a_stale_lease_changes_nothing(store: Arc<dyn OrderStore>) {
+        let store = &*store;
+        create(store, "o-1", 0).await;
+        let mine = claim_one(store, 0, 1_000).await;
+        assert!(
+            claim(store, "worker-b", 999, 2_000).await.is_empty(),
+            "still leased"
+        );
+
+        let wrong_owner = Job {
+            lease_owner: "worker-b".to_owned(),
+            ..mine.clone()
+        };
+        let wrong_token = Job {
+            lease_until_ms: 999,
+            ..mine.clone()
+        };
+        for stale in [&wrong_owner, &wrong_token] {
+            assert!(
+                !store
+                    .finish_job(stale, &JobOutcome::Done(None))
+                    .await
+                    .expect("finish")
+            );
+        }
+
+        let theirs = claim(store, "worker-b", 1_000, 2_000).await;
+        assert_eq!(theirs.len(), 1, "the expired lease is claimable");
+        let theirs = &theirs[0];
+        assert_eq!((theirs.id, theirs.attempts), (mine.id, 0));
+        assert_eq!(
+            (theirs.lease_owner.as_str(), theirs.lease_until_ms),
+            ("worker-b", 2_000)
+        );
+
+        let outcomes = [
+            JobOutcome::Done(None),
+            retry(5_000, true),
+            JobOutcome::Park {
+                error: "gave up".to_owned(),
+                at_ms: 1_500,
+            },
+        ];
+        for outcome in &outcomes {
+            assert!(!store.finish_job(&mine, outcome).await.expect("finish"));
+        }
+        assert_eq!(stored(store, "o-1").await.reason, "IN_PROGRESS");
+        assert!(
+            store
+                .finish_job(theirs, &JobOutcome::Done(None))
+                .await
+                .expect("finish")
+        );
+        assert!(
+            !store
+                .finish_job(theirs, &JobOutcome::Done(None))
+                .await
+                .expect("finish")
+        );
+        let stats = store.stats().await.expect("stats");
+        assert_eq!((stats.pending, stats.done), (0, 1));
+    }
+
+    /// A retry hands the job back for its next run time; only failed attempts count.
+    pub async fn retries_wait_for_their_time_and_count_only_failures(store: Arc<dyn OrderStore>) {
+        let store = &*store;
+        create(store, "o-1", 0).await;
+        let job = claim_one(store, 0, 1_000).await;
+        assert!(
+            store
+                .finish_job(&job, &retry(400, true))
+                .await
+                .expect("retry")
+        );
+        assert!(
+            claim(store, "w", 399, 1_000).await.is_empty(),
+            "not before run_at"
+        );
+        let job = claim_one(store, 400, 1_000).await;
+        assert_eq!(job.attempts, 1);
+        assert!(
+            store
+                .finish_job(&job, &retry(500, false))
+                .await
+                .expect("wait")
+        );
+        let job = claim_one(store, 500, 1_000).await;
+        assert_eq!(job.attempts, 1, "a wait is not a failure");
+        assert!(
+            store
+                .finish_job(&job, &retry(600, true))
+                .await
+                .expect("retry")
+        );
+        let job = claim_one(store, 600, 1_000).await;
+        assert_eq!(job.attempts, 2);
+    }
+
+    /// Parking keeps the job (counted, listed on its order, never claimed again); a PENDING
+    /// order's reason becomes PARKED, a terminal order keeps its outcome.
+    pub async fn parking_a_job_keeps_it_visible_and_marks_a_pending_order(
+        store: Arc<dyn OrderStore>,
+    ) {
+        let store = &*store;
+        create(store, "o-1", 0).await;
+        let mut pending = decision("o-1", OrderStatus::Pending, "BUDGET_EXHAUSTED", 10);
+        pending.retry_after_ms = Some(1_000);
+        store.decide(&pending, LIMIT).await.expect("decide");
+        let drive = claim_one(store, 10, 1_000).await;
+        let park = JobOutcome::Park {
+            error: "wallet unreachable".to_owned(),
+            at_ms: 50,
+        };
+        assert!(store.finish_job(&drive, &park).await.expect("park"));
+        let order = stored(store, "o-1").await;
+        assert_eq!(order.status, OrderStatus::Pending);
+        assert_eq!(order.reason, "PARKED");
+        assert_eq!(order.retry_after_ms, None);
+        assert_eq!(order.updated_at_ms, 50);
+        assert_eq!(order.parked_jobs, [JobKind::DriveOrder]);
+        assert!(claim(store, "w", 100_000, 200_000).await.is_empty());
+        let stats = store.stats().await.expect("stats");
+        assert_eq!(
+            (stats.pending, stats.parked, stats.orders_pending),
+            (0, 1, 1)
+        );
+
+        create(store, "o-2", 100_000).await;
+        let mut confirm = decision("o-2", OrderStatus::Confirmed, "", 20);
+        confirm.jobs = vec![
+            job(JobKind::InventoryCommit, 30),
+            job(JobKind::WalletCapture, 30),
+        ];
+        confirm.complete = vec![JobKind::DriveOrder];
+        let confirmed = store.decide(&confirm, LIMIT).await.expect("decide");
+        for job in claim(store, "w", 30, 1_000).await {
+            assert!(store.finish_job(&job, &park).await.expect("park"));
+        }
+        let after = stored(store, "o-2").await;
+        assert_eq!(
+            after.parked_jobs,
+            [JobKind::WalletCapture, JobKind::InventoryCommit]
+        );
+        assert_eq!(
+            OrderRecord {
+                parked_jobs: Vec::new(),
+                ..after
+            },
+            confirmed,
+            "a terminal order keeps its outcome"
+        );
+        let stats = store.stats().await.expect("stats");
+        assert_eq!((stats.pending, stats.parked, stats.done), (0, 3, 1));
+    }
+
+    /// A job finished with a decision applies it in the same write, under the rules of
+    /// `decide`: a terminal order is left as it is, but the job is still done.
+    pub async fn a_job_done_with_a_decision_applies_it_atomically(store: Arc<dyn OrderStore>) {
+        let store = &*store;
+        create(store, "o-1", 0).await;
+        let drive = claim_one(store, 0, 1_000).await;
+        let mut confirm = decision("o-1", OrderStatus::Confirmed, "", 100);
+        confirm.hold_id = Some("hold-1".to_owned());
+        confirm.total = Some(usd(4_200));
+        confirm.jobs = vec![job(JobKind::WalletCapture, 100)];
+        assert!(
+            store
+                .finish_job(&drive, &JobOutcome::Done(Some(confirm)))
+                .await
+                .expect("finish")
+        );
+        let confirmed = stored(store, "o-1").await;
+        assert_eq!(confirmed.status, OrderStatus::Confirmed);
+        assert_eq!(confirmed.hold_id.as_deref(), Some("hold-1"));
+
+        let capture = claim_one(store, 100, 1_000).await;
+        assert_eq!(capture.kind, JobKind::WalletCapture);
+        let late = decision("o-1", OrderStatus::Declined, "WALLET_REJECTED", 200);
+        assert!(
+            store
+                .finish_job(&capture, &JobOutcome::Done(Some(late)))
+                .await
+                .expect("finish")
+        );
+        assert_eq!(stored(store, "o-1").await, confirmed);
+        let stats = store.stats().await.expect("stats");
+        assert_eq!((stats.pending, stats.done), (0, 2));
+    }
+
+    /// Purging deletes old terminal orders (with their done jobs) and keeps recent ones,
+    /// undecided ones, and any with a pending or parked job.
+    pub async fn purge_removes_only_old_terminal_orders_without_open_jobs(
+        store: Arc<dyn OrderStore>,
+    ) {
+        let store = &*store;
+        let finish = |id: &'static str, status, at_ms, jobs: Vec<NewJob>| {
+            let mut d = decision(id, status, "", at_ms);
+            d.jobs = jobs;
+            d.complete = vec![JobKind::DriveOrder];
+            d
+        };
+        for id in [
+            "done-old",
+            "capture-pending",
+            "release-parked",
+            "recent",
+            "undecided",
+        ] {
+            create(store, id, 1_000_000).await;
+        }
+        let decisions = [
+            finish("done-old", OrderStatus::Confirmed, 100, Vec::new()),
+            finish(
+                "capture-pending",
+                OrderStatus::Confirmed,
+                100,
+                vec![job(JobKind::WalletCapture, 500_000)],
+            ),
+            finish(
+                "release-parked",
+                OrderStatus::Declined,
+                100,
+                vec![job(JobKind::WalletRelease, 50)],
+            ),
+            finish("recent", OrderStatus::Declined, 5_000, Vec::new()),
+        ];
+        for d in &decisions {
+            store.decide(d, LIMIT).await.expect("decide");
+        }
+        let release = claim_one(store, 100, 200).await;
+        let park = JobOutcome::Park {
+            error: "gave up".to_owned(),
+            at_ms: 150,
+        };
+        assert!(store.finish_job(&release, &park).await.expect("park"));
+        let before = store.stats().await.expect("stats");
+        assert_eq!((before.done, before.pending, before.parked), (4, 2, 1));
+
+        assert_eq!(store.purge_terminal(1_000).await.expect("purge"), 1);
+        assert_eq!(store.get("done-old").await.expect("get"), None);
+        for kept in ["capture-pending", "release-parked", "recent", "undecided"] {
+            stored(store, kept).await;
+        }
+        let after = store.stats().await.expect("stats");
+        assert_eq!((after.done, after.pending, after.parked), (3, 2, 1));
+        assert_eq!(store.purge_terminal(1_000).await.expect("purge"), 0);
+        assert_eq!(
+            store.purge_terminal(10_000).await.expect("purge"),
+            1,
+            "recent"
+        );
+    }
+
+    /// An unknown order id reads as absent, not as an error.
+    pub async fn an_unknown_order_reads_as_none(store: Arc<dyn OrderStore>) {
+        assert_eq!(store.get("nobody").await.expect("get"), None);
+        assert_eq!(store.stats().await.expect("stats"), JobStats::default());
+    }
+}
+
+/// Runs every case against one backend, as a module of tests named after the cases.
+macro_rules! conformance_suite {
+    ($( $(#[$doc:meta])* $case:ident ),* $(,)?) => {
+        conformance_suite!(@backend memory, memory; $( $(#[$doc])* $case ),*);
+        conformance_suite!(@backend sqlite, sqlite; $( $(#[$doc])* $case ),*);
+        #[cfg(feature = "postgres-tests")]
+        conformance_suite!(@backend postgres, postgres; $( $(#[$doc])* $case ),*);
+    };
+    (@backend $module:ident, $open:ident; $( $(#[$doc:meta])* $case:ident ),*) => {
+        mod $module {
+            use super::*;
+            $(
+                $(#[$doc])*
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let harness = Harness::$open().await;
+                    cases::$case(Arc::clone(&harness.store)).await;
+                    harness.finish().await;
+                }
+            )*
+        }
+    };
+}
+
+conformance_suite! {
+    /// A new order id is recorded once; later begins return the stored record untouched.
+    begin_records_an_order_once_and_returns_it_after,
+    /// Twenty concurrent begins of one order id create it exactly once.
+    concurrent_begins_of_one_order_create_it_exactly_once,
+    /// The hold intent is recorded only from RECEIVED.
+    hold_intent_is_recorded_only_from_received,
+    /// A decision applies once; later ones return the stored order.
+    a_decision_applies_once_and_later_ones_return_the_stored_order,
+    /// A PENDING decision leaves the order open for a final one.
+    a_pending_decision_is_followed_by_a_final_one,
+    /// A decision adds its jobs once and completes the kinds it names.
+    decision_jobs_are_added_once_and_completed_kinds_are_done,
+    /// A rescheduling decision resets the job and voids its lease.
+    a_rescheduling_decision_resets_the_job_and_voids_its_lease,
+    /// Claims take due jobs oldest first, up to the limit.
+    claims_take_due_jobs_oldest_first_up_to_the_limit,
+    /// A finish with a stale lease changes nothing; expired leases are claimable.
+    a_finish_with_a_stale_lease_changes_nothing,
+    /// Retries wait for their time and count only failed attempts.
+    retries_wait_for_their_time_and_count_only_failures,
+    /// A parked job stays visible and marks a PENDING order PARKED.
+    parking_a_job_keeps_it_visible_and_marks_a_pending_order,
+    /// A job done with a decision applies it in the same write.
+    a_job_done_with_a_decision_applies_it_atomically,
+    /// Purge removes only old terminal orders without pending or parked jobs.
+    purge_removes_only_old_terminal_orders_without_open_jobs,
+    /// An unknown order reads as None.
+    an_unknown_order_reads_as_none,
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQLite only
+
+mod sqlite_file {
+    use super::*;
+    use sqlx::{Connection, Executor, SqliteConnection};
+
+    /// Orders and jobs written before the store is closed are there when the file is reopened.
+    #[tokio::test]
+    async fn data_survives_closing_and_reopening_the_file() {
+        let dir = TempDir::new().expect("temp dir");
+        let store = SqliteStore::open(dir.path(), SqliteSynchronous::Normal, 2, BACKGROUND)
+            .await
+            .expect("open");
+        assert_eq!(store.path(), dir.path().join("checkout.db"));
+        create(&store, "o-1", 100).await;
+        let mut confirm = decision("o-1", OrderStatus::Confirmed, "", 50);
+        confirm.jobs = vec![job(JobKind::WalletCapture, 60)];
+        let confirmed = store.decide(&confirm, LIMIT).await.expect("decide");
+        store.close().await;
+        assert!(matches!(
+            store.get("o-1").await,
+            Err(StoreError::Unavailable(_))
+        ));
+
+        let reopened = SqliteStore::open(dir.path(), SqliteSynchronous::Full, 2, BACKGROUND)
+            .await
+            .expect("reopen");
+        assert_eq!(stored(&reopened, "o-1").await, confirmed);
+        let jobs = claim(&reopened, "w", 100, 1_000).await;
+        let kinds: Vec<_> = jobs.iter().map(|j| j.kind).collect();
+        assert_eq!(kinds, [JobKind::WalletCapture, JobKind::DriveOrder]);
+        reopened.close().await;
+    }
+
+    /// While another process holds the write lock, a request-path write gives up within its
+    /// limit with Timeout, and nothing is applied.
+    #[tokio::test]
+    async fn a_write_blocked_by_another_process_times_out_within_its_limit() {
+        let dir = TempDir::new().expect("temp dir");
+        let store = SqliteStore::open(dir.path(), SqliteSynchronous::Full, 2, BACKGROUND)
+            .await
+            .expect("open");
+        create(&store, "o-1", 100).await;
+
+        let mut other = SqliteConnection::connect(&format!("sqlite://{}", store.path().display()))
+            .await
+            .expect("second connection");
+        other.execute("BEGIN IMMEDIATE").await.expect("lock");
+
+        let started = std::time::Instant::now();
+        let result = store
+            .record_hold_intent("o-1", &usd(1), 10, TimeLimit(Duration::from_millis(50)))
+            .await;
+        let took = started.elapsed();
+        assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+
+        other.execute("ROLLBACK").await.expect("unlock");
+        assert_eq!(stored(&store, "o-1").await.phase, Phase::Received);
+        store
+            .record_hold_intent("o-1", &usd(1), 10, LIMIT)
+            .await
+            .expect("the store works once the lock is gone");
+        assert_eq!(stored(&store, "o-1").await.phase, Phase::HoldSent);
+        store.close().await;
+    }
+
+    /// `store::open` without a database URL opens SQLite under the data dir, and refuses a
+    /// URL that is not PostgreSQL.
+    #[tokio::test]
+    async fn open_uses_sqlite_without_a_database_url() {
+        let dir = TempDir::new().expect("temp dir");
+        let mut config = checkout::config::StoreConfig {
+            data_dir: dir.path().join("nested/data"),
+            ..Default::default()
+        };
+        let store = checkout::store::open(&config).await.expect("open");
+        create(&*store, "o-1", 0).await;
+        store.close().await;
+        assert!(dir.path().join("nested/data/checkout.db").exists());
+
+        config.database_url = Some("mysql://localhost/checkout".to_owned());
+        let refused = checkout::store::open(&config).await.err();
+        assert!(
+            matches!(refused, Some(StoreError::Unavailable(_))),
+            "{refused:?}"
+        );
+    }
+}
+
+/// Opening PostgreSQL where nothing listens fails as Unavailable within the background limit.
+#[tokio::test]
+async fn opening_an_unreachable_postgres_fails_as_unavailable() {
+    let started = std::time::Instant::now();
+    let result = checkout::store::PostgresStore::open(
+        "postgres://postgres@127.0.0.1:1/none",
+        2,
+        Duration::from_millis(5),
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(
+        matches!(result, Err(StoreError::Unavailable(_))),
+        "{:?}",
+        result.err()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL only
+
+#[cfg(feature = "postgres-tests")]
+mod postgres_replicas {
+    use super::*;
+    use std::collections::HashSet;
+
+    use sqlx::{Connection, Executor, PgConnection};
+
+    /// Two replicas (two pools on one database) claiming in a loop lease each of 200 due jobs
+    /// exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_replicas_claiming_concurrently_never_lease_the_same_job() {
+        let database = pg::TestDatabase::create().await;
+        let a = Arc::new(database.open().await);
+        let b = Arc::new(database.open().await);
+        for i in 0..200 {
+            create(&*a, &format!("o-{i:03}"), 0).await;
+        }
+        let claimer = |store: Arc<checkout::store::PostgresStore>, owner: &'static str| {
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                loop {
+                    let jobs = store
+                        .claim_due(owner, 10, 60_000, 3)
+                        .await
+                        .expect("claim_due");
+                    if jobs.is_empty() {
+                        return ids;
+                    }
+                    assert!(jobs.iter().all(|j| j.lease_owner == owner));
+                    ids.extend(jobs.iter().map(|j| j.id));
+                }
+            })
+        };
+        let (from_a, from_b) = tokio::join!(claimer(a.clone(), "a"), claimer(b.clone(), "b"));
+        let (from_a, from_b) = (from_a.expect("claimer a"), from_b.expect("claimer b"));
+        let all: Vec<i64> = from_a.iter().chain(&from_b).copied().collect();
+        let unique: HashSet<i64> = all.iter().copied().collect();
+        assert_eq!(all.len(), 200, "a: {}, b: {}", from_a.len(), from_b.len());
+        assert_eq!(unique.len(), 200, "a job was leased twice");
+        a.close().await;
+        b.close().await;
+    }
+
+    /// Concurrent begins of one order id from two replicas create it exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn begins_from_two_replicas_create_an_order_exactly_once() {
+        let database = pg::TestDatabase::create().await;
+        let replicas: [Arc<dyn OrderStore>; 2] = [
+            Arc::new(database.open().await),
+            Arc::new(database.open().await),
+        ];
+        let tasks: Vec<_> = (0..20)
+            .map(|i| {
+                let store = Arc::clone(&replicas[i % 2]);
+                tokio::spawn(async move {
+                    store
+                        .begin(&new_order("o-race", i as i64), 5_000, LIMIT)
+                        .await
+                        .expect("begin")
+                })
+            })
+            .collect();
+        let mut created = 0;
+        for task in tasks {
+            created += usize::from(matches!(task.await.expect("task"), Begin::Created(_)));
+        }
+        assert_eq!(created, 1);
+        for store in &replicas {
+            store.close().await;
+        }
+    }
+
+    /// A request-path write blocked by a row lock gives up within its limit with Timeout (the
+    /// server cancels the statement), applies nothing, and leaves the store usable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_write_blocked_by_a_row_lock_times_out_within_its_limit() {
+        let database = pg::TestDatabase::create().await;
+        let store = database.open().await;
+        create(&store, "o-1", 100).await;
+
+        let mut locker = PgConnection::connect(&database.url())
+            .await
+            .expect("second connection");
+        locker.execute("BEGIN").await.expect("begin");
+        locker
+            .execute("SELECT * FROM orders WHERE order_id = 'o-1' FOR UPDATE")
+            .await
+            .expect("lock the order");
+
+        let started = std::time::Instant::now();
+        let result = store
+            .record_hold_intent("o-1", &usd(1), 10, TimeLimit(Duration::from_millis(50)))
+            .await;
+        let took = started.elapsed();
+        assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+
+        locker.execute("ROLLBACK").await.expect("unlock");
+        assert_eq!(stored(&store, "o-1").await.phase, Phase::Received);
+        store
+            .record_hold_intent("o-1", &usd(1), 10, LIMIT)
+            .await
+            .expect("the store works once the lock is gone");
+        assert_eq!(stored(&store, "o-1").await.phase, Phase::HoldSent);
+        store.close().await;
+        locker.close().await.ok();
+    }
+}
