@@ -16,11 +16,13 @@
 
 pub mod budget;
 pub mod checkout;
+pub mod cli;
 pub mod config;
 pub mod deadline;
 pub mod downstream;
 pub mod introspection;
 pub mod proto;
+pub mod server;
 pub mod store;
 pub mod stubs;
 pub mod worker;

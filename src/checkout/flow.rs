@@ -564,9 +564,11 @@ impl Run<'_> {
             HoldOutcome::Rejected(_) => declined(Reason::WalletRejected),
             HoldOutcome::Unavailable => declined(Reason::WalletUnavailable),
             HoldOutcome::Ambiguous | HoldOutcome::Cancelled => {
+                // The request path already looked once; the reconciler looks again when the
+                // caller is told to poll.
                 let mut v = Verdict::because(Reason::WalletOutcomeUnknown, policy)
                     .with_total(Some(total))
-                    .then(JobKind::WalletReconcile);
+                    .then_after(JobKind::WalletReconcile, policy.pending);
                 v.fraud_review = fraud_review;
                 v
             }

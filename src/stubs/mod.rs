@@ -121,6 +121,7 @@ async fn run(
     let stopping = CancellationToken::new();
     let mut server = pin!(
         Server::builder()
+            .tcp_nodelay(true)
             .add_routes(routes)
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(listener),

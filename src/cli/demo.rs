@@ -1,0 +1,90 @@
+//! `checkout demo`: everything in one process — stubs, orchestrator, worker, SQLite — with
+//! ready-to-paste grpcurl lines.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::config::{Config, DownstreamAddrs};
+
+/// Flags of `checkout demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Orchestrator listen address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// Stubs listen address.
+    #[arg(long, default_value = "127.0.0.1:50052")]
+    stubs_listen: SocketAddr,
+    /// Directory of the embedded SQLite store.
+    #[arg(long, default_value = "data")]
+    data_dir: PathBuf,
+}
+
+/// Runs until SIGINT/SIGTERM.
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    super::init_logging();
+    let stubs_listener = tokio::net::TcpListener::bind(args.stubs_listen)
+        .await
+        .with_context(|| format!("binding {}", args.stubs_listen))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let stubs = crate::stubs::StubServer::start(stubs_listener, Vec::new()).await?;
+
+    let mut config = Config {
+        listen: args.listen,
+        downstream: DownstreamAddrs::all_at(&stubs.uri()),
+        ..Config::default()
+    };
+    config.store.data_dir = args.data_dir.clone();
+    config.validate()?;
+    let config = Arc::new(config);
+    let store = crate::store::open(&config.store)
+        .await
+        .context("opening the order store")?;
+    println!(
+        "{}",
+        instructions(args.listen, args.stubs_listen, &args.data_dir)
+    );
+    let served = crate::server::serve(listener, config, Arc::clone(&store), super::signal::shutdown()).await;
+    store.close().await;
+    stubs.stop().await;
+    served?;
+    Ok(())
+}
+
+fn instructions(orchestrator: SocketAddr, stubs: SocketAddr, data_dir: &std::path::Path) -> String {
+    let o = orchestrator;
+    let s = stubs;
+    let order = r#"{"idempotencyKey":"demo-1","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}"#;
+    format!(
+        r#"checkout demo: orchestrator on {o}, stubs on {s}, SQLite in {dir}/checkout.db
+
+# Place an order (CONFIRMED, with its budget waterfall):
+grpcurl -plaintext -rpc-header 'x-client-id: demo' -d '{order}' {o} checkout.v1.CheckoutService/PlaceOrder
+
+# Same key again: the stored order is replayed, no second hold:
+grpcurl -plaintext -rpc-header 'x-client-id: demo' -d '{order}' {o} checkout.v1.CheckoutService/PlaceOrder
+
+# Make the wallet slow (1.5 s), then place with a 1 s deadline: PENDING, answered in time:
+grpcurl -plaintext -d '{{"service":"wallet","method":"Hold","behavior":{{"latencyMs":1500}}}}' {s} stub.v1.StubControl/Configure
+grpcurl -plaintext -max-time 2 -rpc-header 'grpc-timeout: 1S' -d '{{"idempotencyKey":"demo-2","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
+grpcurl -plaintext -d '{{"idempotencyKey":"demo-2"}}' {o} checkout.v1.CheckoutService/GetOrder
+grpcurl -plaintext -d '{{}}' {s} stub.v1.StubControl/Reset
+
+# A deadline too short to start: DEADLINE_EXCEEDED with ErrorInfo DEADLINE_TOO_SHORT, nothing sent:
+grpcurl -plaintext -rpc-header 'grpc-timeout: 80m' -d '{{"idempotencyKey":"demo-3","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
+
+# What the stubs saw (received budgets, cancellations, effects after deadline):
+grpcurl -plaintext -d '{{}}' {s} stub.v1.StubControl/GetStats
+grpcurl -plaintext -d '{{}}' {o} checkout.v1.OperatorService/GetWorkerStats
+
+# Or: cargo run --release -- place --deadline-ms 1000
+"#,
+        dir = data_dir.display()
+    )
+}

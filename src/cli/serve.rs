@@ -1,0 +1,70 @@
+//! `checkout serve`: the orchestrator and its worker, configured from a TOML file and flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::config::{Config, DownstreamAddrs};
+
+/// Flags of `checkout serve`; each overrides the config file.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML config (see deploy/checkout.toml); built-in defaults if omitted.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Listen address.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// All four downstream services at one address (a `checkout stubs` server), e.g. http://127.0.0.1:50052.
+    #[arg(long)]
+    downstream: Option<String>,
+    /// Directory of the embedded SQLite store.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// PostgreSQL instead of SQLite (postgres://user@host:port/db), for replicas sharing one store.
+    #[arg(long, env = "CHECKOUT_DATABASE_URL")]
+    database_url: Option<String>,
+}
+
+impl ServeArgs {
+    /// The config file with the flags applied, validated.
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let mut config = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        if let Some(listen) = self.listen {
+            config.listen = listen;
+        }
+        if let Some(uri) = &self.downstream {
+            config.downstream = DownstreamAddrs::all_at(uri);
+        }
+        if let Some(dir) = &self.data_dir {
+            config.store.data_dir = dir.clone();
+        }
+        if let Some(url) = &self.database_url {
+            config.store.database_url = Some(url.clone());
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// Runs until SIGINT/SIGTERM.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    super::init_logging();
+    let config = Arc::new(args.config()?);
+    let store = crate::store::open(&config.store)
+        .await
+        .context("opening the order store")?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let served = crate::server::serve(listener, config, Arc::clone(&store), super::signal::shutdown()).await;
+    store.close().await;
+    served?;
+    Ok(())
+}

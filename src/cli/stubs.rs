@@ -1,0 +1,32 @@
+//! `checkout stubs`: the four downstream stubs and StubControl on one port.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::stubs::BehaviorSpec;
+
+/// Flags of `checkout stubs`.
+#[derive(Debug, Args)]
+pub struct StubsArgs {
+    /// Listen address.
+    #[arg(long, default_value = "127.0.0.1:50052")]
+    listen: SocketAddr,
+    /// Initial behaviour, repeatable: `service[.Method]=key:value,...` with keys latency (ms),
+    /// p99 (ms), fault (none|unavailable|internal|hang|ambiguous), prob (0..1).
+    /// Example: --behavior wallet.Hold=latency:100,p99:400,fault:hang,prob:0.1
+    #[arg(long = "behavior", value_name = "SPEC")]
+    behaviors: Vec<BehaviorSpec>,
+}
+
+/// Runs until SIGINT/SIGTERM.
+pub async fn run(args: StubsArgs) -> anyhow::Result<()> {
+    super::init_logging();
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(addr = %args.listen, "stubs listening");
+    crate::stubs::serve(listener, args.behaviors, super::signal::shutdown()).await?;
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! The orchestrator process: CheckoutService, OperatorService, reflection and health on one
+//! listener, plus the background worker — and the shutdown order that lets in-flight orders
+//! finish within their own deadlines.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::service::RoutesBuilder;
+use tonic::transport::Server;
+
+use crate::checkout::{CheckoutApi, Orchestrator};
+use crate::config::Config;
+use crate::downstream::{AddressError, Downstreams};
+use crate::introspection::{self, IntrospectionError};
+use crate::proto::checkout::v1::{
+    checkout_service_server::CheckoutServiceServer, operator_service_server::OperatorServiceServer,
+};
+use crate::store::OrderStore;
+use crate::worker::{OperatorApi, Worker};
+
+/// Why the orchestrator could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A downstream address is invalid.
+    #[error(transparent)]
+    Address(#[from] AddressError),
+    /// Reflection could not be built.
+    #[error(transparent)]
+    Introspection(#[from] IntrospectionError),
+    /// The transport failed.
+    #[error("server transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The listener has no local address.
+    #[error("listener address: {0}")]
+    LocalAddr(std::io::Error),
+    /// The server task panicked.
+    #[error("server task failed: {0}")]
+    Join(String),
+}
+
+/// Serves the orchestrator on `listener` until `shutdown` resolves. Then: health turns
+/// NOT_SERVING, no new connections are accepted, in-flight orders finish (each by its own
+/// deadline, all within `shutdown_grace`), and the worker stops after its attempts in flight.
+pub async fn serve(
+    listener: TcpListener,
+    config: Arc<Config>,
+    store: Arc<dyn OrderStore>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let downstreams = Downstreams::connect_lazy(&config.downstream, &config.steps)?;
+    let orchestrator = Arc::new(Orchestrator::new(
+        Arc::clone(&config),
+        downstreams.clone(),
+        Arc::clone(&store),
+    ));
+    let worker = Arc::new(Worker::new(
+        Arc::clone(&config),
+        downstreams,
+        Arc::clone(&store),
+    ));
+
+    let mut routes = RoutesBuilder::default();
+    let health = introspection::add_to(&mut routes)?;
+    routes
+        .add_service(CheckoutServiceServer::new(CheckoutApi::new(Arc::clone(
+            &orchestrator,
+        ))))
+        .add_service(OperatorServiceServer::new(OperatorApi::new(
+            Arc::clone(&store),
+            worker.retry_budget(),
+            Arc::clone(&config),
+        )));
+    health
+        .set_serving::<CheckoutServiceServer<CheckoutApi>>()
+        .await;
+
+    let stop_worker = CancellationToken::new();
+    let worker_task = tokio::spawn(Arc::clone(&worker).run(stop_worker.clone()));
+
+    let draining = CancellationToken::new();
+    let on_shutdown = {
+        let draining = draining.clone();
+        let health = health.clone();
+        async move {
+            shutdown.await;
+            tracing::info!(
+                "shutting down: no new connections; in-flight orders finish by their deadlines"
+            );
+            health
+                .set_not_serving::<CheckoutServiceServer<CheckoutApi>>()
+                .await;
+            draining.cancel();
+        }
+    };
+    let addr = listener.local_addr().map_err(ServerError::LocalAddr)?;
+    tracing::info!(%addr, "checkout orchestrator listening");
+    let server = Server::builder()
+        .tcp_nodelay(true)
+        .add_routes(routes.routes())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), on_shutdown);
+    tokio::pin!(server);
+    let served = tokio::select! {
+        result = &mut server => result,
+        () = async {
+            draining.cancelled().await;
+            tokio::time::sleep(config.shutdown_grace).await;
+        } => {
+            tracing::warn!(grace = ?config.shutdown_grace, "connections still open after the grace period; closing them");
+            Ok(())
+        }
+    };
+    // Operations that outlived their connection still record their outcome.
+    let _ = tokio::time::timeout(config.shutdown_grace, orchestrator.drain()).await;
+    stop_worker.cancel();
+    if let Err(e) = worker_task.await {
+        tracing::error!(error = %e, "worker task failed");
+    }
+    served.map_err(ServerError::from)
+}
+
+/// A running orchestrator (for tests and the `demo` command): its address and a way to stop it.
+pub struct Running {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl Running {
+    /// Starts serving on `listener` in the background.
+    pub async fn start(
+        listener: TcpListener,
+        config: Arc<Config>,
+        store: Arc<dyn OrderStore>,
+    ) -> Result<Self, ServerError> {
+        let addr = listener.local_addr().map_err(ServerError::LocalAddr)?;
+        let shutdown = CancellationToken::new();
+        let signal = shutdown.clone();
+        let task = tokio::spawn(serve(listener, config, store, async move {
+            signal.cancelled().await
+        }));
+        Ok(Self {
+            addr,
+            shutdown,
+            task,
+        })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`.
+    pub fn uri(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Shuts down gracefully and waits; re-raises a panic of the server task.
+    pub async fn stop(self) -> Result<(), ServerError> {
+        self.shutdown.cancel();
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(ServerError::Join(e.to_string())),
+        }
+    }
+
+    /// Waits until the server ends on its own (for `demo`, which stops on a signal).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+}

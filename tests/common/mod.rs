@@ -1,0 +1,280 @@
+//! Shared harness: the stubs and an orchestrator on 127.0.0.1:0, a real SQLite file in a temp
+//! dir, and clients for CheckoutService and StubControl.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use checkout::config::{Config, DownstreamAddrs};
+use checkout::proto::checkout::v1::{self as pb, checkout_service_client::CheckoutServiceClient};
+use checkout::proto::stub::v1::{
+    self as stub, Behavior, ConfigureRequest, Fault, GetStatsRequest, ListEffectsRequest,
+    stub_control_client::StubControlClient,
+};
+use checkout::server::Running;
+use checkout::store::OrderStore;
+use checkout::stubs::StubServer;
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+/// Stubs + orchestrator + clients.
+pub struct Harness {
+    pub stubs: StubServer,
+    pub server: Running,
+    pub checkout: CheckoutServiceClient<Channel>,
+    pub control: StubControlClient<Channel>,
+    pub store: Arc<dyn OrderStore>,
+    pub config: Arc<Config>,
+    /// Keeps the SQLite file alive for the test.
+    pub data_dir: tempfile::TempDir,
+}
+
+/// Starts everything with the default policy.
+pub async fn start() -> Harness {
+    start_with(|_| {}).await
+}
+
+/// Starts everything with `adjust` applied to the default policy (downstreams point at the stubs).
+pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> Harness {
+    let stubs = start_stubs().await;
+    start_on(stubs, tempfile::tempdir().unwrap(), adjust).await
+}
+
+/// Starts the stubs alone.
+pub async fn start_stubs() -> StubServer {
+    StubServer::start(TcpListener::bind("127.0.0.1:0").await.unwrap(), Vec::new())
+        .await
+        .unwrap()
+}
+
+/// The policy the harness runs with, for a data dir and stubs.
+pub fn test_config(stubs: &StubServer, data_dir: &std::path::Path) -> Config {
+    let mut config = Config {
+        downstream: DownstreamAddrs::all_at(&stubs.uri()),
+        ..Config::default()
+    };
+    config.store.data_dir = data_dir.to_owned();
+    config.worker.poll_interval = Duration::from_millis(20);
+    config
+}
+
+/// Starts an orchestrator over existing stubs and an existing data dir (a restart).
+pub async fn start_on(
+    stubs: StubServer,
+    data_dir: tempfile::TempDir,
+    adjust: impl FnOnce(&mut Config),
+) -> Harness {
+    let mut config = test_config(&stubs, data_dir.path());
+    adjust(&mut config);
+    config.validate().unwrap();
+    let config = Arc::new(config);
+    let store = checkout::store::open(&config.store).await.unwrap();
+    let server = Running::start(
+        TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        Arc::clone(&config),
+        Arc::clone(&store),
+    )
+    .await
+    .unwrap();
+    let checkout = CheckoutServiceClient::connect(server.uri()).await.unwrap();
+    let control = StubControlClient::connect(stubs.uri()).await.unwrap();
+    Harness {
+        stubs,
+        server,
+        checkout,
+        control,
+        store,
+        config,
+        data_dir,
+    }
+}
+
+/// A PlaceOrder request.
+pub fn order(key: &str, cart: &str) -> pb::PlaceOrderRequest {
+    pb::PlaceOrderRequest {
+        idempotency_key: key.to_owned(),
+        customer_id: "c1".to_owned(),
+        cart_id: cart.to_owned(),
+        wallet_account_id: "a1".to_owned(),
+        expected_total: None,
+    }
+}
+
+/// The request with a `grpc-timeout` deadline and client id `test`.
+pub fn with_timeout(
+    message: pb::PlaceOrderRequest,
+    timeout: Duration,
+) -> tonic::Request<pb::PlaceOrderRequest> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+        .metadata_mut()
+        .insert("x-client-id", "test".parse().unwrap());
+    request
+}
+
+/// Now in epoch milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A fixed-latency behaviour with a fault.
+pub fn behavior(latency_ms: u32, fault: Fault) -> Behavior {
+    Behavior {
+        latency_ms,
+        latency_p99_ms: 0,
+        fault: fault.into(),
+        fault_probability: None,
+    }
+}
+
+impl Harness {
+    /// Places with a `grpc-timeout`; returns the answer and how long it took.
+    pub async fn place(
+        &self,
+        message: pb::PlaceOrderRequest,
+        timeout: Duration,
+    ) -> (Result<pb::Order, tonic::Status>, Duration) {
+        let started = Instant::now();
+        let mut client = self.checkout.clone();
+        let answer = client
+            .place_order(with_timeout(message, timeout))
+            .await
+            .map(|r| r.into_inner());
+        (answer, started.elapsed())
+    }
+
+    /// Places and expects an Order.
+    pub async fn place_ok(&self, message: pb::PlaceOrderRequest, timeout: Duration) -> pb::Order {
+        let (answer, _) = self.place(message, timeout).await;
+        answer.expect("PlaceOrder answers with an Order")
+    }
+
+    /// Reads an order by id.
+    pub async fn get(&self, order_id: &str) -> pb::Order {
+        let mut client = self.checkout.clone();
+        client
+            .get_order(pb::GetOrderRequest {
+                lookup: Some(pb::get_order_request::Lookup::OrderId(order_id.to_owned())),
+            })
+            .await
+            .expect("GetOrder")
+            .into_inner()
+    }
+
+    /// Polls GetOrder until `done` holds (or panics after `within`).
+    pub async fn wait_for(
+        &self,
+        order_id: &str,
+        within: Duration,
+        done: impl Fn(&pb::Order) -> bool,
+    ) -> pb::Order {
+        let until = Instant::now() + within;
+        loop {
+            let order = self.get(order_id).await;
+            if done(&order) {
+                return order;
+            }
+            assert!(
+                Instant::now() < until,
+                "order never reached the expected state: {order:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sets a stub behaviour.
+    pub async fn configure(&self, service: &str, method: &str, behavior: Behavior) {
+        let mut control = self.control.clone();
+        control
+            .configure(ConfigureRequest {
+                service: service.to_owned(),
+                method: method.to_owned(),
+                behavior: Some(behavior),
+            })
+            .await
+            .expect("Configure");
+    }
+
+    /// All stub stats.
+    pub async fn stats(&self) -> stub::GetStatsResponse {
+        let mut control = self.control.clone();
+        control
+            .get_stats(GetStatsRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("GetStats")
+            .into_inner()
+    }
+
+    /// Stats of one method.
+    pub async fn method(&self, service: &str, method: &str) -> stub::MethodStats {
+        self.stats()
+            .await
+            .methods
+            .into_iter()
+            .find(|m| m.service == service && m.method == method)
+            .expect("method stats")
+    }
+
+    /// Polls one method's stats until `done` holds.
+    pub async fn method_until(
+        &self,
+        service: &str,
+        method: &str,
+        within: Duration,
+        done: impl Fn(&stub::MethodStats) -> bool,
+    ) -> stub::MethodStats {
+        let until = Instant::now() + within;
+        loop {
+            let stats = self.method(service, method).await;
+            if done(&stats) {
+                return stats;
+            }
+            assert!(
+                Instant::now() < until,
+                "{service}.{method} never reached the expected state: {stats:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Every effect the stubs applied.
+    pub async fn effects(&self, service: &str) -> Vec<stub::Effect> {
+        let mut control = self.control.clone();
+        control
+            .list_effects(ListEffectsRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .expect("ListEffects")
+            .into_inner()
+            .effects
+    }
+
+    /// Effects of `method` on `reference`.
+    pub async fn effects_on(&self, method: &str, reference: &str) -> usize {
+        self.effects("")
+            .await
+            .iter()
+            .filter(|e| e.method == method && e.reference == reference)
+            .count()
+    }
+
+    /// Stops the orchestrator and the stubs.
+    pub async fn stop(self) {
+        self.server.stop().await.unwrap();
+        self.stubs.stop().await;
+    }
+}
+
+/// The total duration of a protobuf Duration.
+pub fn dur(d: &Option<prost_types::Duration>) -> Duration {
+    let d = d.as_ref().expect("duration set");
+    Duration::new(d.seconds as u64, d.nanos as u32)
+}
