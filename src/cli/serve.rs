@@ -63,7 +63,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
-    let served = crate::server::serve(listener, config, Arc::clone(&store), super::signal::shutdown()).await;
+    // One line on stdout with the bound address (useful with --listen 127.0.0.1:0).
+    println!("checkout serving on {}", listener.local_addr()?);
+    let served = crate::server::serve(
+        listener,
+        config,
+        Arc::clone(&store),
+        super::signal::shutdown(),
+    )
+    .await;
     store.close().await;
     served?;
     Ok(())
