@@ -256,14 +256,14 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
                 Ok(found) => {
                     let found = found.into_inner();
                     if found.status() != OrderStatus::Pending {
-                        if let Ok(told) = answer {
-                            if told.status() != OrderStatus::Pending {
-                                assert_eq!(
-                                    (found.status(), &found.reason),
-                                    (told.status(), &told.reason),
-                                    "{key} changed after it was answered"
-                                );
-                            }
+                        if let Ok(told) = answer
+                            && told.status() != OrderStatus::Pending
+                        {
+                            assert_eq!(
+                                (found.status(), &found.reason),
+                                (told.status(), &told.reason),
+                                "{key} changed after it was answered"
+                            );
                         }
                         finals.insert(key.clone(), found);
                         break;
