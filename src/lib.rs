@@ -25,4 +25,5 @@ pub mod proto;
 pub mod server;
 pub mod store;
 pub mod stubs;
+pub mod telemetry;
 pub mod worker;

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::Code;
+use tracing::Instrument;
 
 use super::{CheckoutError, OrderRequest, Reason, Verdict};
 use crate::budget::{Budgeter, Step, StepOutcome, Waterfall};
@@ -86,9 +87,11 @@ impl Orchestrator {
         let abandoned = CancellationToken::new();
         let on_drop = abandoned.clone().drop_guard();
         let this = Arc::clone(self);
-        let operation = self
-            .operations
-            .spawn(async move { this.operate(request, deadline, abandoned).await });
+        // The operation outlives this future if the caller leaves; it keeps the caller's span.
+        let operation = self.operations.spawn(
+            async move { this.operate(request, deadline, abandoned).await }
+                .instrument(tracing::Span::current()),
+        );
         let result = operation
             .await
             .map_err(|e| CheckoutError::Internal(format!("order task failed: {e}")));

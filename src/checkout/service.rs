@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::request::scope;
 use super::{CheckoutError, FieldViolation, Orchestrator, OrderRequest, Reason, order_id};
@@ -41,11 +42,23 @@ impl CheckoutService for CheckoutApi {
             .map_err(|e| violations.push(FieldViolation::new(e.header, e.to_string())))
             .ok();
         let scope = scope(request.metadata(), &mut violations);
-        let order = OrderRequest::parse(scope, request.into_inner(), &mut violations);
+        let (metadata, _, message) = request.into_parts();
+        let order = OrderRequest::parse(scope, message, &mut violations);
         let Some(deadline) = deadline.filter(|_| violations.is_empty()) else {
             return Err(CheckoutError::BadRequest(violations).into());
         };
-        let placed = self.orchestrator.place(order, deadline).await?;
+        let span = tracing::info_span!(
+            "PlaceOrder",
+            order_id = %order.order_id(),
+            deadline_ms = deadline.granted().as_millis() as u64,
+            deadline_source = deadline.source().as_str(),
+        );
+        crate::telemetry::continue_trace(&span, &metadata);
+        let placed = self
+            .orchestrator
+            .place(order, deadline)
+            .instrument(span)
+            .await?;
         let mut answer = order_to_proto(&placed.record, &config.retry_after);
         answer.budget = Some(placed.waterfall.report(&deadline));
         tracing::info!(

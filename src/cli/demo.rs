@@ -26,7 +26,6 @@ pub struct DemoArgs {
 
 /// Runs until SIGINT/SIGTERM.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    super::init_logging();
     let stubs_listener = tokio::net::TcpListener::bind(args.stubs_listen)
         .await
         .with_context(|| format!("binding {}", args.stubs_listen))?;
@@ -50,7 +49,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "{}",
         instructions(args.listen, args.stubs_listen, &args.data_dir)
     );
-    let served = crate::server::serve(listener, config, Arc::clone(&store), super::signal::shutdown()).await;
+    let served = crate::server::serve(
+        listener,
+        config,
+        Arc::clone(&store),
+        super::signal::shutdown(),
+    )
+    .await;
     store.close().await;
     stubs.stop().await;
     served?;

@@ -32,24 +32,22 @@ enum Command {
     Loadgen(loadgen::LoadgenArgs),
 }
 
-/// Runs the parsed command.
+/// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+    let telemetry = match &cli.command {
+        Command::Demo(_) | Command::Serve(_) => Some(crate::telemetry::init("checkout")),
+        Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs")),
+        Command::Place(_) | Command::Loadgen(_) => None,
+    };
+    let result = match cli.command {
         Command::Demo(args) => demo::run(args).await,
         Command::Serve(args) => serve::run(args).await,
         Command::Stubs(args) => stubs::run(args).await,
         Command::Place(args) => place::run(args).await,
         Command::Loadgen(args) => loadgen::run(args).await,
+    };
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
     }
-}
-
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,sqlx=warn,h2=warn,tower=warn")
-    });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    result
 }

@@ -55,7 +55,6 @@ impl ServeArgs {
 
 /// Runs until SIGINT/SIGTERM.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    super::init_logging();
     let config = Arc::new(args.config()?);
     let store = crate::store::open(&config.store)
         .await

@@ -22,7 +22,6 @@ pub struct StubsArgs {
 
 /// Runs until SIGINT/SIGTERM.
 pub async fn run(args: StubsArgs) -> anyhow::Result<()> {
-    super::init_logging();
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
