@@ -6,13 +6,24 @@
 //! DECLINED or PENDING. A background worker finishes or compensates what a deadline cut short.
 //!
 //! # Layout
+//! The request path, in the order a PlaceOrder meets it:
+//! - [`checkout`]: the gRPC service, request validation, the flow (cart → fraud ∥ inventory →
+//!   hold → decision), the outcomes it can reach, and the one mapping of errors to `Status`.
 //! - [`deadline`]: reading the caller's deadline from metadata (`grpc-timeout`, ...).
-//! - [`config`]: every policy number, with the spec's defaults.
 //! - [`budget`]: admission, child budgets carved from the deadline, and the budget waterfall.
 //! - [`downstream`]: the shared clients of cart, fraud, inventory and wallet; the one call path
 //!   that stamps every call with its budget; classification of failures (SPEC §5).
 //! - [`store`]: durable orders and follow-up jobs (SQLite by default, PostgreSQL for replicas).
+//!
+//! Around it:
+//! - [`worker`]: the one layer that retries — leased jobs, backoff, the retry budget,
+//!   reconciliation, parking, retention — and the operator API.
+//! - [`server`]: wiring of one orchestrator process and its graceful shutdown.
 //! - [`stubs`]: configurable cart, fraud, inventory and wallet stubs plus their control plane.
+//! - [`config`]: every policy number, with the spec's defaults.
+//! - [`introspection`]: reflection and health, shared by both servers.
+//! - [`telemetry`]: logs, OpenTelemetry spans and trace-context propagation.
+//! - [`cli`]: the `checkout` subcommands; [`proto`]: generated code.
 
 pub mod budget;
 pub mod checkout;

@@ -53,6 +53,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let downstreams = Downstreams::connect_lazy(&config.downstream, &config.steps)?;
+    downstreams.warm_up();
     let orchestrator = Arc::new(Orchestrator::new(
         Arc::clone(&config),
         downstreams.clone(),

@@ -88,7 +88,8 @@ pub struct NotSent {
 /// Refused at admission: the deadline cannot fit even the fast-fail floor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "deadline too short: {remaining:?} remaining, floor {floor:?} after a {reserve:?} return reserve"
+    "deadline too short: {} ms remaining, {} ms needed to start (fast-fail floor {} ms + return reserve {} ms)",
+    remaining.as_millis(), (*floor + *reserve).as_millis(), floor.as_millis(), reserve.as_millis()
 )]
 pub struct TooShort {
     /// What the caller had left on arrival.

@@ -31,8 +31,11 @@ pub enum CheckoutError {
     /// The deadline cannot fit the fast-fail floor; nothing was recorded or sent.
     #[error(transparent)]
     DeadlineTooShort(#[from] TooShort),
-    /// The order could not be recorded, so nothing was sent.
-    #[error("order store unavailable: {source}")]
+    /// The order could not be recorded, so nothing was sent. The store's own words stay in
+    /// the logs: they can name databases and hosts.
+    #[error(
+        "the order could not be recorded, so nothing was sent; retry with the same idempotency key"
+    )]
     StoreUnavailable {
         /// What the store said.
         source: StoreError,
@@ -91,11 +94,17 @@ impl From<CheckoutError> for Status {
                 );
                 status
             }
-            CheckoutError::StoreUnavailable { retry_after, .. } => Status::with_error_details(
-                Code::Unavailable,
-                message,
-                ErrorDetails::with_retry_info(Some(retry_after)),
-            ),
+            CheckoutError::StoreUnavailable {
+                source,
+                retry_after,
+            } => {
+                tracing::warn!(error = %source, "order store unavailable");
+                Status::with_error_details(
+                    Code::Unavailable,
+                    message,
+                    ErrorDetails::with_retry_info(Some(retry_after)),
+                )
+            }
             CheckoutError::NotFound(_) => Status::not_found(message),
             CheckoutError::Internal(_) => Status::internal(message),
         }

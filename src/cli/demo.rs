@@ -77,12 +77,12 @@ grpcurl -plaintext -rpc-header 'x-client-id: demo' -d '{order}' {o} checkout.v1.
 
 # Make the wallet slow (1.5 s), then place with a 1 s deadline: PENDING, answered in time:
 grpcurl -plaintext -d '{{"service":"wallet","method":"Hold","behavior":{{"latencyMs":1500}}}}' {s} stub.v1.StubControl/Configure
-grpcurl -plaintext -max-time 2 -rpc-header 'grpc-timeout: 1S' -d '{{"idempotencyKey":"demo-2","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
+grpcurl -plaintext -max-time 1 -d '{{"idempotencyKey":"demo-2","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
 grpcurl -plaintext -d '{{"idempotencyKey":"demo-2"}}' {o} checkout.v1.CheckoutService/GetOrder
-grpcurl -plaintext -d '{{}}' {s} stub.v1.StubControl/Reset
+grpcurl -plaintext -d '{{"service":"wallet","method":"Hold","behavior":{{}}}}' {s} stub.v1.StubControl/Configure
 
 # A deadline too short to start: DEADLINE_EXCEEDED with ErrorInfo DEADLINE_TOO_SHORT, nothing sent:
-grpcurl -plaintext -rpc-header 'grpc-timeout: 80m' -d '{{"idempotencyKey":"demo-3","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
+grpcurl -plaintext -format-error -max-time 0.08 -d '{{"idempotencyKey":"demo-3","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
 
 # What the stubs saw (received budgets, cancellations, effects after deadline):
 grpcurl -plaintext -d '{{}}' {s} stub.v1.StubControl/GetStats

@@ -40,6 +40,8 @@ pub struct AddressError {
 /// Shared clients of cart, fraud, inventory and wallet.
 #[derive(Debug, Clone)]
 pub struct Downstreams {
+    /// The four channels, for [`Downstreams::warm_up`].
+    channels: [Channel; 4],
     cart: CartServiceClient<Channel>,
     fraud: FraudServiceClient<Channel>,
     inventory: InventoryServiceClient<Channel>,
@@ -64,20 +66,36 @@ impl Downstreams {
                     source,
                 })
         };
+        let cart = channel("cart", &addrs.cart, steps.cart.connect)?;
+        let fraud = channel("fraud", &addrs.fraud, steps.fraud.connect)?;
+        let inventory = channel("inventory", &addrs.inventory, steps.inventory.connect)?;
+        let wallet = channel("wallet", &addrs.wallet, steps.wallet_hold.connect)?;
         Ok(Self {
-            cart: CartServiceClient::new(channel("cart", &addrs.cart, steps.cart.connect)?),
-            fraud: FraudServiceClient::new(channel("fraud", &addrs.fraud, steps.fraud.connect)?),
-            inventory: InventoryServiceClient::new(channel(
-                "inventory",
-                &addrs.inventory,
-                steps.inventory.connect,
-            )?),
-            wallet: WalletServiceClient::new(channel(
-                "wallet",
-                &addrs.wallet,
-                steps.wallet_hold.connect,
-            )?),
+            channels: [
+                cart.clone(),
+                fraud.clone(),
+                inventory.clone(),
+                wallet.clone(),
+            ],
+            cart: CartServiceClient::new(cart),
+            fraud: FraudServiceClient::new(fraud),
+            inventory: InventoryServiceClient::new(inventory),
+            wallet: WalletServiceClient::new(wallet),
         })
+    }
+
+    /// Starts connecting every channel in the background, so the first orders do not pay for
+    /// TCP and HTTP/2 handshakes out of their budgets. A failure is only logged: every call
+    /// reconnects on its own.
+    pub fn warm_up(&self) {
+        for channel in &self.channels {
+            let mut channel = channel.clone();
+            tokio::spawn(async move {
+                if let Err(error) = tower::ServiceExt::ready(&mut channel).await {
+                    tracing::debug!(%error, "downstream not reachable yet");
+                }
+            });
+        }
     }
 
     /// `cart.v1.CartService/FreezeCart`.
