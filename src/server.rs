@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::RoutesBuilder;
 use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 
 use crate::checkout::{CheckoutApi, Orchestrator};
 use crate::config::Config;
@@ -101,9 +101,11 @@ pub async fn serve(
     let addr = listener.local_addr().map_err(ServerError::LocalAddr)?;
     tracing::info!(%addr, "checkout orchestrator listening");
     let server = Server::builder()
-        .tcp_nodelay(true)
         .add_routes(routes.routes())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), on_shutdown);
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            on_shutdown,
+        );
     tokio::pin!(server);
     let served = tokio::select! {
         result = &mut server => result,

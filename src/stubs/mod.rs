@@ -32,10 +32,10 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::{Routes, RoutesBuilder};
 use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -121,10 +121,9 @@ async fn run(
     let stopping = CancellationToken::new();
     let mut server = pin!(
         Server::builder()
-            .tcp_nodelay(true)
             .add_routes(routes)
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(listener),
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
                 stopping.clone().cancelled_owned(),
             )
     );
