@@ -1,7 +1,7 @@
-//! A real crash: the `checkout` binary is killed with SIGKILL in the middle of a few hundred
-//! orders, restarted on the same SQLite file, and every order is accounted for through GetOrder
-//! and the stubs' effect log — nothing lost, nothing stuck, at most one hold and one capture per
-//! reference, and no capture for anything DECLINED.
+//! The real `checkout` binary as a process: a SIGKILL in the middle of a few hundred orders
+//! (restarted on the same SQLite file, every order is accounted for through GetOrder and the
+//! stubs' effect log — nothing lost, nothing stuck, at most one hold and one capture per
+//! reference, no capture for anything DECLINED), and a SIGTERM that lets in-flight orders finish.
 
 mod common;
 
@@ -342,5 +342,67 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
         .arg(second.id().unwrap().to_string())
         .status();
     let _ = tokio::time::timeout(Duration::from_secs(10), second.wait()).await;
+    stubs.stop().await;
+}
+
+/// SIGTERM stops accepting connections but lets an order in flight finish within its own
+/// deadline; then the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
+    let stubs = start_stubs().await;
+    let control = StubControlHandle::new(&stubs).await;
+    control
+        .set(
+            "wallet",
+            "Hold",
+            Behavior {
+                latency_ms: 600,
+                latency_p99_ms: 0,
+                fault: Fault::None.into(),
+                fault_probability: None,
+            },
+        )
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, uri) = spawn_serve(
+        &stubs.uri(),
+        &dir.path().join("data"),
+        &dir.path().join("serve.log"),
+    )
+    .await;
+    let client = CheckoutServiceClient::connect(uri.clone()).await.unwrap();
+    let in_flight = tokio::spawn(async move {
+        let mut request = with_timeout(order("graceful", "cart-7"), Duration::from_secs(2));
+        request
+            .metadata_mut()
+            .insert("x-client-id", "crash".parse().unwrap());
+        client.clone().place_order(request).await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let refused =
+        tokio::time::timeout(Duration::from_secs(2), CheckoutServiceClient::connect(uri)).await;
+    assert!(
+        matches!(refused, Ok(Err(_))),
+        "a new connection after SIGTERM must be refused"
+    );
+    let answer = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight order is answered");
+    assert_eq!(answer.into_inner().status(), OrderStatus::Confirmed);
+    let exit = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("exits after draining")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
     stubs.stop().await;
 }
