@@ -70,33 +70,44 @@ impl Worker {
         let attempts = TaskTracker::new();
         let mut next_purge = Instant::now();
         tracing::info!(owner = %self.owner, "worker started");
-        while !stop.is_cancelled() {
+        loop {
             if Instant::now() >= next_purge {
                 self.purge().await;
                 next_purge = Instant::now() + self.config.worker.purge_interval;
             }
-            let free = slots.available_permits();
-            let claimed = if free == 0 {
-                Vec::new()
-            } else {
-                let now = now_ms();
-                let lease_until = now + millis(self.config.worker.lease);
-                match self
-                    .store
-                    .claim_due(&self.owner, now, lease_until, free)
-                    .await
-                {
-                    Ok(jobs) => jobs,
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot claim jobs");
-                        Vec::new()
-                    }
+            // Wait for a free slot (not a poll interval): a busy worker claims again the moment
+            // an attempt ends.
+            let first = tokio::select! {
+                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break, // The semaphore is never closed.
+                },
+                () = stop.cancelled() => break,
+            };
+            let free = slots.available_permits() + 1;
+            let now = now_ms();
+            let lease_until = now + millis(self.config.worker.lease);
+            let claimed = match self
+                .store
+                .claim_due(&self.owner, now, lease_until, free)
+                .await
+            {
+                Ok(jobs) => jobs,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot claim jobs");
+                    Vec::new()
                 }
             };
-            let idle = claimed.len() < free || free == 0;
+            // Fewer than asked for: nothing else is due yet.
+            let drained = claimed.len() < free;
+            let mut first = Some(first);
             for job in claimed {
-                let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-                    break; // The semaphore is never closed.
+                let permit = match first.take() {
+                    Some(permit) => permit,
+                    None => match Arc::clone(&slots).acquire_owned().await {
+                        Ok(permit) => permit,
+                        Err(_) => break,
+                    },
                 };
                 let this = Arc::clone(&self);
                 let stop = stop.clone();
@@ -105,10 +116,11 @@ impl Worker {
                     drop(permit);
                 });
             }
-            if idle {
+            drop(first);
+            if drained {
                 tokio::select! {
                     () = tokio::time::sleep(self.config.worker.poll_interval) => {}
-                    () = stop.cancelled() => {}
+                    () = stop.cancelled() => break,
                 }
             }
         }
