@@ -15,7 +15,10 @@ use hdrhistogram::Histogram;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, DownstreamAddrs};
-use crate::proto::checkout::v1::{self as pb, checkout_service_client::CheckoutServiceClient};
+use crate::proto::checkout::v1::{
+    self as pb, checkout_service_client::CheckoutServiceClient,
+    operator_service_client::OperatorServiceClient,
+};
 use crate::store::{MemoryStore, OrderStore};
 
 /// Closed or open loop.
@@ -93,6 +96,8 @@ pub struct Report {
     pub latency: Histogram<u64>,
     /// Answers by status/reason or error code.
     pub outcomes: BTreeMap<String, u64>,
+    /// Follow-up jobs still waiting when the load stopped: whether the worker kept up.
+    pub jobs_pending: Option<u64>,
 }
 
 /// Runs the load and prints a table.
@@ -260,6 +265,14 @@ async fn drive(args: &LoadgenArgs, target: &str, label: String) -> anyhow::Resul
         }
     }
     drop(one); // It holds a handle on the recorder.
+    let jobs_pending = match OperatorServiceClient::connect(target.to_owned()).await {
+        Ok(mut operator) => operator
+            .get_worker_stats(pb::GetWorkerStatsRequest {})
+            .await
+            .ok()
+            .map(|r| r.into_inner().jobs_pending),
+        Err(_) => None,
+    };
     let r = Arc::try_unwrap(recorder)
         .map_err(|_| anyhow::anyhow!("callers still running"))?
         .into_inner()
@@ -269,6 +282,7 @@ async fn drive(args: &LoadgenArgs, target: &str, label: String) -> anyhow::Resul
         throughput: r.answered as f64 / args.duration.as_secs_f64(),
         latency: r.latency,
         outcomes: r.outcomes,
+        jobs_pending,
     })
 }
 
@@ -286,8 +300,8 @@ fn render(args: &LoadgenArgs, reports: &[Report]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<16}{:>10}{:>9}{:>9}{:>9}{:>9}{:>9}  outcomes",
-        "store", "orders/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"
+        "{:<16}{:>10}{:>9}{:>9}{:>9}{:>9}{:>9}{:>9}  outcomes",
+        "store", "orders/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "backlog"
     );
     let base = reports.first().map_or(1.0, |r| r.throughput.max(1e-9));
     for r in reports {
@@ -299,7 +313,7 @@ fn render(args: &LoadgenArgs, reports: &[Report]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<16}{:>10.0}{:>9.1}{:>9.1}{:>9.1}{:>9.1}{:>9.1}  {}  ({:.2}x of {})",
+            "{:<16}{:>10.0}{:>9.1}{:>9.1}{:>9.1}{:>9.1}{:>9.1}{:>9}  {}  ({:.2}x of {})",
             r.label,
             r.throughput,
             q(0.5),
@@ -307,6 +321,7 @@ fn render(args: &LoadgenArgs, reports: &[Report]) -> String {
             q(0.99),
             q(0.999),
             r.latency.max() as f64 / 1000.0,
+            r.jobs_pending.map_or("-".to_owned(), |n| n.to_string()),
             outcomes.join(", "),
             r.throughput / base,
             reports[0].label
