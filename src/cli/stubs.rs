@@ -25,7 +25,8 @@ pub async fn run(args: StubsArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(addr = %args.listen, "stubs listening");
+    // One line on stdout with the bound address (useful with --listen 127.0.0.1:0).
+    println!("checkout stubs serving on {}", listener.local_addr()?);
     crate::stubs::serve(listener, args.behaviors, super::signal::shutdown()).await?;
     Ok(())
 }
