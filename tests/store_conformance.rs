@@ -836,6 +836,106 @@ mod cases {
         );
     }
 
+    /// Many callers writing at once (the durable stores commit their writes in shared
+    /// transactions): every write applies whole, and one that fails half way — a job finished
+    /// with a decision for an unknown order — changes nothing, not even its job.
+    pub async fn concurrent_writes_each_apply_whole_or_not_at_all(store: Arc<dyn OrderStore>) {
+        create(&*store, "o-leased", 0).await;
+        let leased = claim_one(&*store, 0, 1_000).await;
+        let orders: Vec<_> = (0..40)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let id = format!("o-{i:02}");
+                    let begun = store.begin(&new_order(&id, 0), 100_000, LIMIT).await?;
+                    assert!(matches!(begun, Begin::Created(_)), "{begun:?}");
+                    store.record_hold_intent(&id, &usd(100), 10, LIMIT).await?;
+                    let mut confirm = decision(&id, OrderStatus::Confirmed, "", 20);
+                    confirm.jobs = vec![
+                        job(JobKind::WalletCapture, 50_000),
+                        job(JobKind::InventoryCommit, 50_000),
+                    ];
+                    confirm.complete = vec![JobKind::DriveOrder];
+                    store.decide(&confirm, LIMIT).await
+                })
+            })
+            .collect();
+        let failing = {
+            let store = Arc::clone(&store);
+            let leased = leased.clone();
+            tokio::spawn(async move {
+                let unknown = decision("o-missing", OrderStatus::Confirmed, "", 30);
+                store
+                    .finish_job(&leased, &JobOutcome::Done(Some(unknown)))
+                    .await
+            })
+        };
+        for order in orders {
+            let decided = order.await.expect("task").expect("every write applies");
+            assert_eq!(decided.status, OrderStatus::Confirmed);
+            assert_eq!(decided.phase, Phase::Decided);
+            assert_eq!(decided.total, Some(usd(100)), "the hold intent applied");
+            assert_eq!(decided.hold_sent_at_ms, Some(10));
+        }
+        let failed = failing.await.expect("task");
+        assert!(matches!(failed, Err(StoreError::Corrupt(_))), "{failed:?}");
+        assert!(
+            store
+                .finish_job(&leased, &JobOutcome::Done(None))
+                .await
+                .expect("finish"),
+            "the failed finish left the job leased"
+        );
+        let stats = store.stats().await.expect("stats");
+        assert_eq!(
+            stats,
+            JobStats {
+                pending: 80,
+                parked: 0,
+                done: 41,
+                orders_pending: 1
+            }
+        );
+    }
+
+    /// Concurrent decisions of one order: exactly one applies (with its jobs), and every
+    /// caller is answered with the order as stored.
+    pub async fn concurrent_decisions_of_one_order_apply_exactly_one(store: Arc<dyn OrderStore>) {
+        create(&*store, "o-1", 100_000).await;
+        let tasks: Vec<_> = (0..10)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let (status, kind) = if i % 2 == 0 {
+                        (OrderStatus::Confirmed, JobKind::WalletCapture)
+                    } else {
+                        (OrderStatus::Declined, JobKind::WalletRelease)
+                    };
+                    let mut d = decision("o-1", status, &format!("R{i}"), 100 + i);
+                    d.jobs = vec![job(kind, 500)];
+                    d.complete = vec![JobKind::DriveOrder];
+                    store.decide(&d, LIMIT).await.expect("decide")
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.expect("task"));
+        }
+        let stored = stored(&*store, "o-1").await;
+        assert!(stored.status.is_terminal());
+        assert!(
+            answers.iter().all(|answer| *answer == stored),
+            "{answers:?}"
+        );
+        let jobs = claim(&*store, "w", 500, 1_000).await;
+        let expected = match stored.status {
+            OrderStatus::Confirmed => JobKind::WalletCapture,
+            _ => JobKind::WalletRelease,
+        };
+        assert_eq!(kinds(&jobs), [("o-1".to_owned(), expected)]);
+    }
+
     /// An unknown order id reads as absent, not as an error.
     pub async fn an_unknown_order_reads_as_none(store: Arc<dyn OrderStore>) {
         assert_eq!(store.get("nobody").await.expect("get"), None);
@@ -896,6 +996,10 @@ conformance_suite! {
     purge_removes_only_old_terminal_orders_without_open_jobs,
     /// An unknown order reads as None.
     an_unknown_order_reads_as_none,
+    /// Concurrent writes each apply whole or not at all.
+    concurrent_writes_each_apply_whole_or_not_at_all,
+    /// Concurrent decisions of one order apply exactly one.
+    concurrent_decisions_of_one_order_apply_exactly_one,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -963,6 +1067,54 @@ mod sqlite_file {
             .await
             .expect("the store works once the lock is gone");
         assert_eq!(stored(&store, "o-1").await.phase, Phase::HoldSent);
+        store.close().await;
+    }
+
+    /// A request-path write whose limit passes while the writer waits for another process's
+    /// write lock is not applied: withdrawn while still queued (Unavailable, nothing was sent)
+    /// or skipped once taken (Timeout). The writes ahead of it still commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_write_whose_limit_passes_in_the_queue_is_not_applied() {
+        let dir = TempDir::new().expect("temp dir");
+        let store = Arc::new(
+            SqliteStore::open(dir.path(), SqliteSynchronous::Full, 2, BACKGROUND)
+                .await
+                .expect("open"),
+        );
+        create(&*store, "o-1", 100).await;
+
+        let mut other = SqliteConnection::connect(&format!("sqlite://{}", store.path().display()))
+            .await
+            .expect("second connection");
+        other.execute("BEGIN IMMEDIATE").await.expect("lock");
+
+        // A write with a long limit takes the writer first and waits for the lock.
+        let ahead = {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.begin(&new_order("o-2", 0), 5_000, LIMIT).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = std::time::Instant::now();
+        let late = store
+            .record_hold_intent("o-1", &usd(1), 10, TimeLimit(Duration::from_millis(100)))
+            .await;
+        let took = started.elapsed();
+        assert!(
+            matches!(
+                late,
+                Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
+            ),
+            "{late:?}"
+        );
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        other.execute("ROLLBACK").await.expect("unlock");
+        let begun = ahead.await.expect("task").expect("the write ahead commits");
+        assert!(matches!(begun, Begin::Created(_)), "{begun:?}");
+        // One more write through the writer, so anything still queued has been seen.
+        create(&*store, "o-3", 100).await;
+        assert_eq!(stored(&*store, "o-1").await.phase, Phase::Received);
         store.close().await;
     }
 

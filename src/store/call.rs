@@ -99,16 +99,27 @@ impl Call {
 
     /// Maps an sqlx error to the store's three kinds of failure.
     fn classify(&self, e: sqlx::Error) -> StoreError {
-        match e {
-            sqlx::Error::Database(db) if (self.is_timeout)(&*db) => StoreError::Timeout(self.limit),
-            sqlx::Error::ColumnDecode { .. }
-            | sqlx::Error::Decode(_)
-            | sqlx::Error::ColumnNotFound(_)
-            | sqlx::Error::ColumnIndexOutOfBounds { .. }
-            | sqlx::Error::TypeNotFound { .. }
-            | sqlx::Error::RowNotFound => StoreError::Corrupt(e.to_string()),
-            other => StoreError::Unavailable(other.to_string()),
-        }
+        classify(e, self.limit, self.is_timeout)
+    }
+}
+
+/// Maps an sqlx error to the store's three kinds of failure: a database error that `is_timeout`
+/// recognises is [`StoreError::Timeout`] (reported with `limit`), a row that cannot be decoded
+/// is [`StoreError::Corrupt`], anything else [`StoreError::Unavailable`].
+pub(super) fn classify(
+    e: sqlx::Error,
+    limit: Duration,
+    is_timeout: fn(&dyn DatabaseError) -> bool,
+) -> StoreError {
+    match e {
+        sqlx::Error::Database(db) if is_timeout(&*db) => StoreError::Timeout(limit),
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+        | sqlx::Error::TypeNotFound { .. }
+        | sqlx::Error::RowNotFound => StoreError::Corrupt(e.to_string()),
+        other => StoreError::Unavailable(other.to_string()),
     }
 }
 

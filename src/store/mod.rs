@@ -11,16 +11,27 @@
 //!
 //! # Layout
 //! - [`MemoryStore`] (`memory.rs`): the reference semantics, in process memory.
-//! - [`SqliteStore`] (`sqlite.rs`): the embedded default, one file under the data dir.
-//! - [`PostgresStore`] (`postgres.rs`): one database shared by several replicas.
-//! - `sql.rs`: statements and row decoding both SQL backends share; `call.rs`: the time bound
-//!   of one call and how its failure is classified; `schema.rs`: the embedded migrations
-//!   (`migrations/sqlite/`, `migrations/postgres/`), applied at open.
+//! - [`SqliteStore`] (`sqlite/`): the embedded default, one file under the data dir. One
+//!   writer task commits the writes in groups (`sqlite/writer.rs`); each write is one
+//!   multi-statement text (`sqlite/script.rs`).
+//! - [`PostgresStore`] (`postgres/`): one database shared by several replicas. Writer lanes
+//!   commit the writes in groups (`postgres/writer.rs`), with one set-based statement per kind
+//!   of write (`postgres/batch.rs`; decisions in `postgres/decision.rs`).
+//! - `group.rs`: the hand-off of one write to a writer, bounded by the caller's limit (group
+//!   commit); `sql.rs`: statements and row decoding both SQL backends share; `call.rs`: the
+//!   time bound of one call and how its failure is classified; `schema.rs`: the embedded
+//!   migrations (`migrations/sqlite/`, `migrations/postgres/`), applied at open.
+//!
+//! Durability is per call: a write that returned Ok has committed (with `synchronous = FULL`
+//! on SQLite, and PostgreSQL's default `synchronous_commit`, it survives a crash). The durable
+//! stores commit the writes of concurrent callers together — one transaction, one WAL flush —
+//! and each write stays atomic on its own.
 //!
 //! Every time is an epoch-millisecond value given by the caller (nothing reads a clock inside
 //! SQL), so tests are deterministic.
 
 mod call;
+mod group;
 mod memory;
 mod postgres;
 mod records;
@@ -76,20 +87,22 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn OrderStore>, StoreErro
 /// Where orders and jobs live. Implemented by the embedded SQLite store (the default) and the
 /// PostgreSQL store (shared by replicas); an in-memory store exists for tests and benchmarks.
 ///
-/// Every method is one transaction. Methods taking a [`TimeLimit`] run on the request path and
-/// must give up (returning [`StoreError::Timeout`]) rather than outlive the caller's budget.
+/// Every method is atomic: its writes apply whole or not at all (the durable stores may commit
+/// them in one transaction with other callers' writes). Methods taking a [`TimeLimit`] run on
+/// the request path and must give up (returning [`StoreError::Timeout`]) rather than outlive
+/// the caller's budget.
 ///
-/// How the database stores fail: [`StoreError::Unavailable`] when no connection could be had
-/// within the limit (nothing was sent) or the database failed the call; [`StoreError::Timeout`]
-/// when the call was cut off after it started (the server cancelled it, or the limit passed);
-/// [`StoreError::Corrupt`] when a stored row makes no sense. After a Timeout, or an
-/// Unavailable from a broken connection, a write may or may not have committed: read (or
-/// `begin` again) before assuming either.
+/// How the database stores fail: [`StoreError::Unavailable`] when no connection (or no turn
+/// of the writer) could be had within the limit (nothing was sent) or the database failed the
+/// call; [`StoreError::Timeout`] when the call was cut off after it started (the server
+/// cancelled it, or the limit passed); [`StoreError::Corrupt`] when a stored row makes no
+/// sense. After a Timeout, or an Unavailable from a broken connection, a write may or may not
+/// have committed: read (or `begin` again) before assuming either.
 #[async_trait]
 pub trait OrderStore: Send + Sync + 'static {
     /// Records a new order as RECEIVED (status PENDING, reason IN_PROGRESS) together with its
     /// `drive_order` takeover job due at `takeover_at_ms`; or, if the order id exists, returns
-    /// the stored record untouched. One round trip.
+    /// the stored record untouched.
     async fn begin(
         &self,
         order: &NewOrder,

@@ -12,18 +12,32 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 type Embedded = (i64, &'static str, &'static str);
 
 /// SQLite migrations, oldest first.
-const SQLITE: &[Embedded] = &[(
-    1,
-    "orders and jobs",
-    include_str!("migrations/sqlite/0001_orders_and_jobs.sql"),
-)];
+const SQLITE: &[Embedded] = &[
+    (
+        1,
+        "orders and jobs",
+        include_str!("migrations/sqlite/0001_orders_and_jobs.sql"),
+    ),
+    (
+        2,
+        "job indexes",
+        include_str!("migrations/sqlite/0002_job_indexes.sql"),
+    ),
+];
 
 /// PostgreSQL migrations, oldest first.
-const POSTGRES: &[Embedded] = &[(
-    1,
-    "orders and jobs",
-    include_str!("migrations/postgres/0001_orders_and_jobs.sql"),
-)];
+const POSTGRES: &[Embedded] = &[
+    (
+        1,
+        "orders and jobs",
+        include_str!("migrations/postgres/0001_orders_and_jobs.sql"),
+    ),
+    (
+        2,
+        "job indexes",
+        include_str!("migrations/postgres/0002_job_indexes.sql"),
+    ),
+];
 
 fn migrator(embedded: &[Embedded]) -> Migrator {
     Migrator::with_migrations(

@@ -8,10 +8,10 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use super::{JobKind, Money, NewOrder, OrderRecord, OrderStatus, Phase, StoreError};
 
-/// `SELECT` of one order by id (`$1`) with every column [`order_from_row`] reads, including
-/// `parked_jobs`: the comma-separated kinds of its parked jobs, built by the backend's string
-/// aggregate (`group_concat` or `string_agg`).
-macro_rules! select_order_sql {
+/// `SELECT` of orders (`FROM orders o`, no `WHERE`) with every column [`order_from_row`] reads,
+/// including `parked_jobs`: the comma-separated kinds of the order's parked jobs, built by the
+/// backend's string aggregate (`group_concat` or `string_agg`).
+macro_rules! select_orders_sql {
     ($aggregate:literal) => {
         concat!(
             "SELECT o.order_id, o.scope, o.idempotency_key, o.request_hash, o.customer_id, ",
@@ -23,45 +23,22 @@ macro_rules! select_order_sql {
             $aggregate,
             "(j.kind, ',') FROM jobs j WHERE j.order_id = o.order_id AND j.state = 'parked') ",
             "AS parked_jobs ",
-            "FROM orders o WHERE o.order_id = $1"
+            "FROM orders o"
+        )
+    };
+}
+pub(super) use select_orders_sql;
+
+/// [`select_orders_sql`] of one order by id (`$1`).
+macro_rules! select_order_sql {
+    ($aggregate:literal) => {
+        concat!(
+            $crate::store::sql::select_orders_sql!($aggregate),
+            " WHERE o.order_id = $1"
         )
     };
 }
 pub(super) use select_order_sql;
-
-/// Moves a RECEIVED order to HOLD_SENT. `$1` order id, `$2`/`$3` total, `$4` now.
-pub(super) const RECORD_HOLD_INTENT: &str = "UPDATE orders SET phase = 'HOLD_SENT', \
-     total_currency = $2, total_minor = $3, hold_sent_at_ms = $4, updated_at_ms = $4 \
-     WHERE order_id = $1 AND phase = 'RECEIVED'";
-
-/// Applies a decision to a PENDING order; a missing total or hold id keeps the stored one.
-/// `$1` order id, `$2` status, `$3` reason, `$4` retryable, `$5` retry_after_ms,
-/// `$6` fraud_review, `$7` now, `$8`/`$9` total, `$10` hold id.
-pub(super) const DECIDE: &str = "UPDATE orders SET phase = 'DECIDED', status = $2, \
-     reason = $3, retryable = $4, retry_after_ms = $5, fraud_review = $6, updated_at_ms = $7, \
-     total_currency = COALESCE($8, total_currency), total_minor = COALESCE($9, total_minor), \
-     hold_id = COALESCE($10, hold_id) \
-     WHERE order_id = $1 AND status = 'PENDING'";
-
-/// Adds a job unless the order has one of that kind. `$1` order id, `$2` kind, `$3` run at,
-/// `$4` now.
-pub(super) const INSERT_JOB: &str = "INSERT INTO jobs \
-     (order_id, kind, state, attempts, run_at_ms, created_at_ms, updated_at_ms) \
-     VALUES ($1, $2, 'pending', 0, $3, $4, $4) \
-     ON CONFLICT (order_id, kind) DO NOTHING";
-
-/// Adds a job, or makes the existing one of that kind pending again at the new time with its
-/// attempts reset and its lease dropped. Parameters as [`INSERT_JOB`].
-pub(super) const RESCHEDULE_JOB: &str = "INSERT INTO jobs \
-     (order_id, kind, state, attempts, run_at_ms, created_at_ms, updated_at_ms) \
-     VALUES ($1, $2, 'pending', 0, $3, $4, $4) \
-     ON CONFLICT (order_id, kind) DO UPDATE SET state = 'pending', \
-     run_at_ms = excluded.run_at_ms, attempts = 0, lease_owner = NULL, \
-     updated_at_ms = excluded.updated_at_ms";
-
-/// Marks an order's job of one kind done. `$1` order id, `$2` kind, `$3` now.
-pub(super) const COMPLETE_JOB: &str = "UPDATE jobs SET state = 'done', updated_at_ms = $3 \
-     WHERE order_id = $1 AND kind = $2 AND state <> 'done'";
 
 /// The lease condition every `finish_job` statement carries: `$1` id, `$2` owner, `$3` the
 /// lease token (`run_at_ms` as set by the claim).
@@ -72,41 +49,66 @@ macro_rules! while_leased {
 }
 
 /// Ends a leased job as done. `$4` now, or NULL to keep `updated_at_ms`.
-pub(super) const FINISH_DONE: &str = concat!(
-    "UPDATE jobs SET state = 'done', lease_owner = NULL, ",
-    "updated_at_ms = COALESCE($4, updated_at_ms)",
-    while_leased!()
-);
+macro_rules! finish_done_sql {
+    () => {
+        concat!(
+            "UPDATE jobs SET state = 'done', lease_owner = NULL, ",
+            "updated_at_ms = COALESCE($4, updated_at_ms)",
+            $crate::store::sql::while_leased!()
+        )
+    };
+}
+pub(super) use {finish_done_sql, while_leased};
 
 /// Hands a leased job back for a later attempt. `$4` next run, `$5` 1 if the attempt failed
 /// else 0, `$6` error text.
-pub(super) const FINISH_RETRY: &str = concat!(
-    "UPDATE jobs SET run_at_ms = $4, lease_owner = NULL, attempts = attempts + $5, ",
-    "last_error = $6",
-    while_leased!()
-);
+macro_rules! finish_retry_sql {
+    () => {
+        concat!(
+            "UPDATE jobs SET run_at_ms = $4, lease_owner = NULL, attempts = attempts + $5, ",
+            "last_error = $6",
+            $crate::store::sql::while_leased!()
+        )
+    };
+}
+pub(super) use finish_retry_sql;
 
 /// Parks a leased job. `$4` error text, `$5` now.
-pub(super) const FINISH_PARK: &str = concat!(
-    "UPDATE jobs SET state = 'parked', lease_owner = NULL, attempts = attempts + 1, ",
-    "last_error = $4, updated_at_ms = $5",
-    while_leased!()
-);
+macro_rules! finish_park_sql {
+    () => {
+        concat!(
+            "UPDATE jobs SET state = 'parked', lease_owner = NULL, attempts = attempts + 1, ",
+            "last_error = $4, updated_at_ms = $5",
+            $crate::store::sql::while_leased!()
+        )
+    };
+}
+pub(super) use finish_park_sql;
 
-/// Tells the caller of a still PENDING order that its completion waits for an operator.
-/// `$1` order id, `$2` now.
-pub(super) const PARK_ORDER: &str = "UPDATE orders SET reason = 'PARKED', \
-     retry_after_ms = NULL, updated_at_ms = $2 \
-     WHERE order_id = $1 AND status = 'PENDING'";
+/// Ends a leased job as done; see [`finish_done_sql`].
+pub(super) const FINISH_DONE: &str = finish_done_sql!();
+
+/// Hands a leased job back for a later attempt; see [`finish_retry_sql`].
+pub(super) const FINISH_RETRY: &str = finish_retry_sql!();
 
 /// Deletes up to `$2` terminal orders last updated before `$1` that have no pending or parked
-/// job; their done jobs follow by `ON DELETE CASCADE`.
-pub(super) const PURGE_BATCH: &str = "DELETE FROM orders WHERE order_id IN (\
-     SELECT o.order_id FROM orders o \
-     WHERE o.status IN ('CONFIRMED', 'DECLINED') AND o.updated_at_ms < $1 \
-     AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.order_id = o.order_id \
-     AND j.state IN ('pending', 'parked')) \
-     LIMIT $2)";
+/// job (`<> 'done'`: the state check allows nothing else, and unlike `IN ('pending',
+/// 'parked')` it cannot make the planner read every open job through the state index); their
+/// done jobs follow by `ON DELETE CASCADE`.
+macro_rules! purge_batch_sql {
+    () => {
+        "DELETE FROM orders WHERE order_id IN (\
+         SELECT o.order_id FROM orders o \
+         WHERE o.status IN ('CONFIRMED', 'DECLINED') AND o.updated_at_ms < $1 \
+         AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.order_id = o.order_id \
+         AND j.state <> 'done') \
+         LIMIT $2)"
+    };
+}
+pub(super) use purge_batch_sql;
+
+/// One batch of [`purge_batch_sql`].
+pub(super) const PURGE_BATCH: &str = purge_batch_sql!();
 
 /// Orders deleted per purge statement, so a large backlog never holds the write lock long.
 pub(super) const PURGE_BATCH_SIZE: i64 = 500;

@@ -3,10 +3,19 @@
 //! Everything that must hold across replicas is enforced by the database: `begin` inserts with
 //! `ON CONFLICT DO NOTHING` (one creator per order id), decisions update only PENDING orders
 //! (row locks serialise concurrent deciders), and `claim_due` leases with
-//! `FOR UPDATE SKIP LOCKED` (concurrent claimers never lease the same job). Every transaction
-//! starts with `SET LOCAL statement_timeout` from the call's remaining time minus a guard, so
-//! the server gives up before the caller's budget does; statements outside a transaction run
-//! under the session's `statement_timeout`, the background limit.
+//! `FOR UPDATE SKIP LOCKED` (concurrent claimers never lease the same job).
+//!
+//! Statements and round trips are what a checkout costs here, so the writes (`begin`,
+//! `record_hold_intent`, `decide`, `finish_job`) go through a group commit ([`writer`]): the
+//! writes waiting at a moment share one transaction, with one set-based statement per kind of
+//! write ([`batch`]). That transaction starts with `SET LOCAL statement_timeout` from the
+//! tightest remaining budget of its writes minus a guard, sent with BEGIN in one round trip, so
+//! the server gives up before any caller's budget does. Reads and claims are single statements
+//! under the session's `statement_timeout` (the background limit).
+
+mod batch;
+mod decision;
+mod writer;
 
 use std::time::Duration;
 
@@ -20,19 +29,7 @@ use super::{
     Begin, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
     StoreError, TimeLimit, schema, sql,
 };
-
-/// Inserts a new order as RECEIVED together with its `drive_order` job, in one statement,
-/// unless the order id exists (then nothing is inserted). `$1`..`$10` the [`NewOrder`] fields
-/// (expected total as currency and amount), `$11` created at, `$12` takeover time.
-const BEGIN_ORDER: &str = "WITH created AS (\
-     INSERT INTO orders (order_id, scope, idempotency_key, request_hash, customer_id, cart_id, \
-     wallet_account_id, expected_currency, expected_minor, deadline_ms, phase, status, reason, \
-     retryable, retry_after_ms, fraud_review, created_at_ms, updated_at_ms) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'RECEIVED', 'PENDING', 'IN_PROGRESS', \
-     FALSE, NULL, FALSE, $11, $11) \
-     ON CONFLICT (order_id) DO NOTHING RETURNING order_id) \
-     INSERT INTO jobs (order_id, kind, state, attempts, run_at_ms, created_at_ms, updated_at_ms) \
-     SELECT order_id, 'drive_order', 'pending', 0, $12, $11, $11 FROM created";
+use writer::Writer;
 
 /// One order with its parked job kinds.
 const SELECT_ORDER: &str = sql::select_order_sql!("string_agg");
@@ -46,6 +43,23 @@ const CLAIM_DUE: &str = "WITH due AS (\
      FROM due WHERE jobs.id = due.id \
      RETURNING jobs.id, jobs.order_id, jobs.kind, jobs.attempts, due.run_at_ms AS due_at_ms";
 
+/// Settings of every session, besides its `statement_timeout`.
+///
+/// Every statement here finds a few rows by key: one order or job, or the orders and jobs of
+/// one write group, joined to their indexes. Each statement's plan is made once per
+/// connection and kept (one generic plan, not one per execution). Without statistics — and
+/// nothing here guarantees that the tables are analyzed — the planner may pick a plan that
+/// is right only while the tables are small or for bulk work (a sequential scan, a bitmap scan
+/// of every PENDING order, a hash join), and that plan would stay in use as the tables grow.
+/// So only keyed paths are allowed: index scans and nested loops.
+const SESSION: [(&str, &str); 5] = [
+    ("plan_cache_mode", "force_generic_plan"),
+    ("enable_seqscan", "off"),
+    ("enable_bitmapscan", "off"),
+    ("enable_hashjoin", "off"),
+    ("enable_mergejoin", "off"),
+];
+
 /// A pooled connection idle longer than this is pinged before use; fresher ones are trusted
 /// (a dead one fails its call as Unavailable and is replaced).
 const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
@@ -53,11 +67,10 @@ const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
 /// The shared store. Cheap to share behind an `Arc`; [`OrderStore::close`] ends it.
 #[derive(Debug)]
 pub struct PostgresStore {
-    /// Connections for every call.
+    /// Group commit for every write.
+    writer: Writer,
+    /// Connections for every call (the writer's included).
     pool: PgPool,
-    /// Kept back from a transaction's remaining time for its `statement_timeout`, so the
-    /// server cancels before the caller's bound fires.
-    statement_guard: Duration,
     /// Bound on calls nobody waits on (worker, `get`, `stats`).
     background: Duration,
 }
@@ -94,54 +107,6 @@ async fn load(conn: &mut PgConnection, order_id: &str) -> Result<Option<OrderRec
     Ok(row.as_ref().map(sql::order_from_row).transpose()?)
 }
 
-/// [`OrderStore::decide`] inside an open transaction.
-async fn apply_decision(conn: &mut PgConnection, d: &Decision) -> Result<OrderRecord, Fail> {
-    let changed = sqlx::query(sql::DECIDE)
-        .bind(&d.order_id)
-        .bind(d.status.as_str())
-        .bind(&d.reason)
-        .bind(d.retryable)
-        .bind(d.retry_after_ms)
-        .bind(d.fraud_review)
-        .bind(d.at_ms)
-        .bind(d.total.as_ref().map(|m| m.currency.as_str()))
-        .bind(d.total.as_ref().map(|m| m.minor_units))
-        .bind(d.hold_id.as_deref())
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-    if changed == 1 {
-        for job in &d.jobs {
-            let statement = if job.reschedule {
-                sql::RESCHEDULE_JOB
-            } else {
-                sql::INSERT_JOB
-            };
-            sqlx::query(statement)
-                .bind(&d.order_id)
-                .bind(job.kind.as_str())
-                .bind(job.run_at_ms)
-                .bind(d.at_ms)
-                .execute(&mut *conn)
-                .await?;
-        }
-        for kind in &d.complete {
-            sqlx::query(sql::COMPLETE_JOB)
-                .bind(&d.order_id)
-                .bind(kind.as_str())
-                .bind(d.at_ms)
-                .execute(&mut *conn)
-                .await?;
-        }
-    }
-    load(conn, &d.order_id).await?.ok_or_else(|| {
-        Fail::Store(StoreError::Corrupt(format!(
-            "decision for unknown order {}",
-            d.order_id
-        )))
-    })
-}
-
 /// A claimed job from a [`CLAIM_DUE`] row, with the time it was due.
 fn job_from_row(row: &PgRow, owner: &str, lease_until_ms: i64) -> Result<(i64, Job), Fail> {
     let kind: String = row.try_get("kind")?;
@@ -174,7 +139,8 @@ impl PostgresStore {
             .parse::<PgConnectOptions>()
             .map_err(|e| StoreError::Unavailable(format!("invalid database url: {e}")))?
             .application_name("checkout")
-            .options([("statement_timeout", background_ms)]);
+            .options(SESSION)
+            .options([("statement_timeout", background_ms.as_str())]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(background_timeout)
@@ -193,8 +159,8 @@ impl PostgresStore {
         schema::postgres().run(&pool).await.map_err(migrate_error)?;
         tracing::info!(max_connections, "postgres store open");
         Ok(Self {
+            writer: Writer::start(pool.clone(), statement_guard, is_timeout),
             pool,
-            statement_guard,
             background: background_timeout,
         })
     }
@@ -212,41 +178,7 @@ impl OrderStore for PostgresStore {
         takeover_at_ms: i64,
         limit: TimeLimit,
     ) -> Result<Begin, StoreError> {
-        let call = self.call(limit.0);
-        let mut conn = call.connection(&self.pool).await?;
-        call.run(async {
-            let mut tx = begin_bounded(&mut conn, call.remaining(), self.statement_guard).await?;
-            let expected = order.expected_total.as_ref();
-            let created = sqlx::query(BEGIN_ORDER)
-                .bind(&order.order_id)
-                .bind(&order.scope)
-                .bind(&order.idempotency_key)
-                .bind(&order.request_hash)
-                .bind(&order.customer_id)
-                .bind(&order.cart_id)
-                .bind(&order.wallet_account_id)
-                .bind(expected.map(|m| m.currency.as_str()))
-                .bind(expected.map(|m| m.minor_units))
-                .bind(order.deadline_ms)
-                .bind(order.created_at_ms)
-                .bind(takeover_at_ms)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            let begun = if created == 1 {
-                Begin::Created(sql::received(order))
-            } else {
-                // The conflicting insert has committed (ON CONFLICT waited for it), so this
-                // statement's snapshot sees the row.
-                let stored = load(&mut tx, &order.order_id).await?.ok_or_else(|| {
-                    StoreError::Corrupt(format!("order {} neither new nor stored", order.order_id))
-                })?;
-                Begin::Existing(stored)
-            };
-            tx.commit().await?;
-            Ok(begun)
-        })
-        .await
+        self.writer.begin(order, takeover_at_ms, limit.0).await
     }
 
     async fn record_hold_intent(
@@ -256,21 +188,9 @@ impl OrderStore for PostgresStore {
         at_ms: i64,
         limit: TimeLimit,
     ) -> Result<(), StoreError> {
-        let call = self.call(limit.0);
-        let mut conn = call.connection(&self.pool).await?;
-        call.run(async {
-            let mut tx = begin_bounded(&mut conn, call.remaining(), self.statement_guard).await?;
-            sqlx::query(sql::RECORD_HOLD_INTENT)
-                .bind(order_id)
-                .bind(&total.currency)
-                .bind(total.minor_units)
-                .bind(at_ms)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok(())
-        })
-        .await
+        self.writer
+            .record_hold_intent(order_id, total, at_ms, limit.0)
+            .await
     }
 
     async fn decide(
@@ -278,15 +198,7 @@ impl OrderStore for PostgresStore {
         decision: &Decision,
         limit: TimeLimit,
     ) -> Result<OrderRecord, StoreError> {
-        let call = self.call(limit.0);
-        let mut conn = call.connection(&self.pool).await?;
-        call.run(async {
-            let mut tx = begin_bounded(&mut conn, call.remaining(), self.statement_guard).await?;
-            let stored = apply_decision(&mut tx, decision).await?;
-            tx.commit().await?;
-            Ok(stored)
-        })
-        .await
+        self.writer.decide(decision, limit.0).await
     }
 
     async fn get(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError> {
@@ -327,64 +239,7 @@ impl OrderStore for PostgresStore {
     }
 
     async fn finish_job(&self, job: &Job, outcome: &JobOutcome) -> Result<bool, StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.pool).await?;
-        call.run(async {
-            let mut tx = begin_bounded(&mut conn, call.remaining(), self.statement_guard).await?;
-            let lease = |statement: &'static str| {
-                sqlx::query(statement)
-                    .bind(job.id)
-                    .bind(&job.lease_owner)
-                    .bind(job.lease_until_ms)
-            };
-            let finished = match outcome {
-                JobOutcome::Done(decision) => {
-                    lease(sql::FINISH_DONE)
-                        .bind(decision.as_ref().map(|d| d.at_ms))
-                        .execute(&mut *tx)
-                        .await?
-                }
-                JobOutcome::RetryAt {
-                    run_at_ms,
-                    failed,
-                    error,
-                } => {
-                    lease(sql::FINISH_RETRY)
-                        .bind(run_at_ms)
-                        .bind(i64::from(*failed))
-                        .bind(error)
-                        .execute(&mut *tx)
-                        .await?
-                }
-                JobOutcome::Park { error, at_ms } => {
-                    lease(sql::FINISH_PARK)
-                        .bind(error)
-                        .bind(at_ms)
-                        .execute(&mut *tx)
-                        .await?
-                }
-            };
-            if finished.rows_affected() != 1 {
-                // The lease was lost; dropping `tx` rolls back (nothing was changed).
-                return Ok(false);
-            }
-            match outcome {
-                JobOutcome::Done(Some(decision)) => {
-                    apply_decision(&mut tx, decision).await?;
-                }
-                JobOutcome::Park { at_ms, .. } => {
-                    sqlx::query(sql::PARK_ORDER)
-                        .bind(&job.order_id)
-                        .bind(at_ms)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                JobOutcome::Done(None) | JobOutcome::RetryAt { .. } => {}
-            }
-            tx.commit().await?;
-            Ok(true)
-        })
-        .await
+        self.writer.finish_job(job, outcome, self.background).await
     }
 
     async fn purge_terminal(&self, before_ms: i64) -> Result<u64, StoreError> {
@@ -429,6 +284,7 @@ impl OrderStore for PostgresStore {
     }
 
     async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 }
