@@ -301,7 +301,7 @@ impl Default for WorkerPolicy {
             max_attempts: 20,
             lease: Duration::from_secs(10),
             poll_interval: Duration::from_millis(100),
-            concurrency: 32,
+            concurrency: 64,
             settle_window: Duration::from_secs(2),
             takeover_grace: Duration::from_secs(2),
             purge_interval: Duration::from_secs(60),
