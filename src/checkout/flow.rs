@@ -21,7 +21,7 @@ use tonic::Code;
 use tracing::Instrument;
 
 use super::{CheckoutError, OrderRequest, Reason, Verdict};
-use crate::budget::{Budgeter, Step, StepOutcome, Waterfall};
+use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
 use crate::config::{Config, FraudOnTimeout};
 use crate::deadline::{Deadline, now_ms};
 use crate::downstream::{
@@ -312,13 +312,24 @@ impl Run<'_> {
         self.hold(total, fraud_review).await
     }
 
+    /// The budget of `step` and when it started; a step with too little time left is
+    /// recorded in the waterfall as not sent, and `None` comes back.
+    fn allot(&self, step: Step) -> Option<(Instant, ChildBudget)> {
+        let began = Instant::now();
+        match self.orchestrator.budgeter.allot(self.deadline, step) {
+            Ok(budget) => Some((began, budget)),
+            Err(_) => {
+                self.waterfall
+                    .record(step, began, Duration::ZERO, StepOutcome::NotSent);
+                None
+            }
+        }
+    }
+
     /// The frozen total and the items to reserve.
     async fn freeze_cart(&self) -> Result<(Money, Vec<inventory::Item>), Verdict> {
         let policy = &self.orchestrator.config.retry_after;
-        let began = Instant::now();
-        let Ok(budget) = self.orchestrator.budgeter.allot(self.deadline, Step::Cart) else {
-            self.waterfall
-                .record(Step::Cart, began, Duration::ZERO, StepOutcome::NotSent);
+        let Some((began, budget)) = self.allot(Step::Cart) else {
             return Err(Verdict::budget_exhausted(policy));
         };
         let request = cart::FreezeCartRequest {
@@ -384,10 +395,7 @@ impl Run<'_> {
     }
 
     async fn score(&self, total: &Money, cancel: &CancellationToken) -> FraudResult {
-        let began = Instant::now();
-        let Ok(budget) = self.orchestrator.budgeter.allot(self.deadline, Step::Fraud) else {
-            self.waterfall
-                .record(Step::Fraud, began, Duration::ZERO, StepOutcome::NotSent);
+        let Some((began, budget)) = self.allot(Step::Fraud) else {
             return FraudResult::NotSent;
         };
         let request = fraud::ScoreRequest {
@@ -425,14 +433,7 @@ impl Run<'_> {
         items: Vec<inventory::Item>,
         cancel: &CancellationToken,
     ) -> InventoryResult {
-        let began = Instant::now();
-        let Ok(budget) = self
-            .orchestrator
-            .budgeter
-            .allot(self.deadline, Step::Inventory)
-        else {
-            self.waterfall
-                .record(Step::Inventory, began, Duration::ZERO, StepOutcome::NotSent);
+        let Some((began, budget)) = self.allot(Step::Inventory) else {
             return InventoryResult::NotSent;
         };
         let request = inventory::ReserveRequest {
@@ -462,18 +463,7 @@ impl Run<'_> {
 
     async fn hold(&self, total: Money, fraud_review: bool) -> Verdict {
         let policy = &self.orchestrator.config.retry_after;
-        let began = Instant::now();
-        let Ok(budget) = self
-            .orchestrator
-            .budgeter
-            .allot(self.deadline, Step::WalletHold)
-        else {
-            self.waterfall.record(
-                Step::WalletHold,
-                began,
-                Duration::ZERO,
-                StepOutcome::NotSent,
-            );
+        let Some((began, budget)) = self.allot(Step::WalletHold) else {
             return Verdict::budget_exhausted(policy).with_total(Some(total));
         };
         let request = wallet::HoldRequest {
@@ -505,18 +495,7 @@ impl Run<'_> {
 
     /// Exactly one lookup by reference after an ambiguous hold, if the budget allows.
     async fn lookup(&self) -> HoldOutcome {
-        let began = Instant::now();
-        let Ok(budget) = self
-            .orchestrator
-            .budgeter
-            .allot(self.deadline, Step::WalletLookup)
-        else {
-            self.waterfall.record(
-                Step::WalletLookup,
-                began,
-                Duration::ZERO,
-                StepOutcome::NotSent,
-            );
+        let Some((began, budget)) = self.allot(Step::WalletLookup) else {
             return HoldOutcome::Ambiguous;
         };
         let result = self
@@ -552,15 +531,7 @@ impl Run<'_> {
             return declined(Reason::CallerAbandoned).then(JobKind::WalletReconcile);
         }
         match outcome {
-            HoldOutcome::Success { hold_id } if fraud_review => {
-                let mut v = Verdict::because(Reason::FraudReview, policy)
-                    .with_total(Some(total))
-                    .then(JobKind::FraudRescore);
-                v.hold_id = Some(hold_id);
-                v.fraud_review = true;
-                v
-            }
-            HoldOutcome::Success { hold_id } => Verdict::confirmed(Some(total), hold_id, policy),
+            HoldOutcome::Success { hold_id } => Verdict::held(total, hold_id, fraud_review, policy),
             HoldOutcome::Rejected(reason) if reason == "INSUFFICIENT_FUNDS" => {
                 declined(Reason::InsufficientFunds)
             }

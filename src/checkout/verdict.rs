@@ -51,6 +51,25 @@ impl Verdict {
             .then(JobKind::InventoryCommit)
     }
 
+    /// The hold exists: CONFIRMED, or — while the fraud verdict is still owed — PENDING
+    /// `FRAUD_REVIEW` with a re-score job. Both the request path and the worker decide this way.
+    pub fn held(
+        total: Money,
+        hold_id: String,
+        fraud_review: bool,
+        policy: &RetryAfterPolicy,
+    ) -> Self {
+        if !fraud_review {
+            return Self::confirmed(Some(total), hold_id, policy);
+        }
+        let mut v = Self::because(Reason::FraudReview, policy)
+            .with_total(Some(total))
+            .then(JobKind::FraudRescore);
+        v.hold_id = Some(hold_id);
+        v.fraud_review = true;
+        v
+    }
+
     /// DECLINED or PENDING for `reason`.
     pub fn because(reason: Reason, policy: &RetryAfterPolicy) -> Self {
         Self::new(Some(reason), policy)

@@ -238,7 +238,7 @@ impl Attempt<'_> {
                 .then(JobKind::InventoryRelease)
         };
         match outcome {
-            HoldOutcome::Success { hold_id } => Ok(Handled::Done(Some(held(
+            HoldOutcome::Success { hold_id } => Ok(Handled::Done(Some(Verdict::held(
                 total,
                 hold_id,
                 fraud_review,
@@ -327,7 +327,7 @@ impl Attempt<'_> {
                         currency: String::new(),
                         minor_units: 0,
                     });
-                    Ok(Handled::Done(Some(held(
+                    Ok(Handled::Done(Some(Verdict::held(
                         total,
                         hold.hold_id,
                         order.fraud_review,
@@ -410,25 +410,6 @@ impl Attempt<'_> {
             )
             .await;
         settle("inventory release", result, &[Code::NotFound])
-    }
-}
-
-/// The verdict once a hold is known to exist.
-fn held(
-    total: Money,
-    hold_id: String,
-    fraud_review: bool,
-    policy: &crate::config::RetryAfterPolicy,
-) -> Verdict {
-    if fraud_review {
-        let mut v = Verdict::because(Reason::FraudReview, policy)
-            .with_total(Some(total))
-            .then(JobKind::FraudRescore);
-        v.hold_id = Some(hold_id);
-        v.fraud_review = true;
-        v
-    } else {
-        Verdict::confirmed(Some(total), hold_id, policy)
     }
 }
 
