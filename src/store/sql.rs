@@ -6,7 +6,7 @@
 
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use super::{JobKind, Money, NewOrder, OrderRecord, OrderStatus, Phase, StoreError};
+use super::{JobKind, JobStats, Money, NewOrder, OrderRecord, OrderStatus, Phase, StoreError};
 
 /// `SELECT` of orders (`FROM orders o`, no `WHERE`) with every column [`order_from_row`] reads,
 /// including `parked_jobs`: the comma-separated kinds of the order's parked jobs, built by the
@@ -113,7 +113,7 @@ pub(super) const PURGE_BATCH: &str = purge_batch_sql!();
 /// Orders deleted per purge statement, so a large backlog never holds the write lock long.
 pub(super) const PURGE_BATCH_SIZE: i64 = 500;
 
-/// Counts for [`super::JobStats`], in field order.
+/// Counts for [`JobStats`], in field order.
 pub(super) const STATS: &str = "SELECT \
      (SELECT COUNT(*) FROM jobs WHERE state = 'pending') AS pending, \
      (SELECT COUNT(*) FROM jobs WHERE state = 'parked') AS parked, \
@@ -146,7 +146,7 @@ where
     T: Decode<'r, R::Database> + Type<R::Database>,
 {
     row.try_get(name)
-        .map_err(|e| StoreError::Corrupt(format!("orders.{name}: {e}")))
+        .map_err(|e| StoreError::Corrupt(format!("column {name}: {e}")))
 }
 
 /// Joins a nullable currency column and a nullable amount column into money.
@@ -217,6 +217,22 @@ where
         fraud_review: column(row, "fraud_review")?,
         updated_at_ms: column(row, "updated_at_ms")?,
         parked_jobs,
+    })
+}
+
+/// Decodes the row of [`STATS`].
+pub(super) fn stats_from_row<R>(row: &R) -> Result<JobStats, StoreError>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let count = |name: &'static str| non_negative(column(row, name)?, name);
+    Ok(JobStats {
+        pending: count("pending")?,
+        parked: count("parked")?,
+        done: count("done")?,
+        orders_pending: count("orders_pending")?,
     })
 }
 

@@ -270,15 +270,7 @@ impl OrderStore for PostgresStore {
         let mut conn = call.connection(&self.pool).await?;
         call.run(async {
             let row = sqlx::query(sql::STATS).fetch_one(&mut *conn).await?;
-            let count = |name: &'static str| -> Result<u64, Fail> {
-                Ok(sql::non_negative(row.try_get(name)?, name)?)
-            };
-            Ok(JobStats {
-                pending: count("pending")?,
-                parked: count("parked")?,
-                done: count("done")?,
-                orders_pending: count("orders_pending")?,
-            })
+            Ok(sql::stats_from_row(&row)?)
         })
         .await
     }
