@@ -49,17 +49,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "{}",
         instructions(args.listen, args.stubs_listen, &args.data_dir)
     );
-    let served = crate::server::serve(
-        listener,
-        config,
-        Arc::clone(&store),
-        super::signal::shutdown(),
-    )
-    .await;
-    store.close().await;
+    let served = super::serve::until_signal(listener, config, store).await;
     stubs.stop().await;
-    served?;
-    Ok(())
+    served
 }
 
 fn instructions(orchestrator: SocketAddr, stubs: SocketAddr, data_dir: &std::path::Path) -> String {

@@ -64,6 +64,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", config.listen))?;
     // One line on stdout with the bound address (useful with --listen 127.0.0.1:0).
     println!("checkout serving on {}", listener.local_addr()?);
+    until_signal(listener, config, store).await
+}
+
+/// Serves the orchestrator until SIGINT/SIGTERM, then closes the store (SQLite checkpoints its
+/// WAL) whether serving succeeded or not.
+pub(super) async fn until_signal(
+    listener: tokio::net::TcpListener,
+    config: Arc<Config>,
+    store: Arc<dyn crate::store::OrderStore>,
+) -> anyhow::Result<()> {
     let served = crate::server::serve(
         listener,
         config,
@@ -72,6 +82,5 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     )
     .await;
     store.close().await;
-    served?;
-    Ok(())
+    Ok(served?)
 }
