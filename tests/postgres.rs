@@ -27,9 +27,9 @@ use checkout::proto::stub::v1::{
 use checkout::server::Running;
 use checkout::store::OrderStore;
 use checkout::stubs::StubServer;
+use common::pg::TestDatabase;
 use common::{behavior, dur, order, start_stubs, test_config, with_timeout};
 use futures::StreamExt;
-use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 use tokio::net::TcpListener;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -43,122 +43,6 @@ const EVENTUALLY: Duration = Duration::from_secs(20);
 /// Connections per replica's pool: two replicas per test, tests in parallel, and the server's
 /// default `max_connections` of 100.
 const POOL: u32 = 8;
-
-// ---------------------------------------------------------------------------------------------
-// A database of the test's own
-
-/// One database for one test, dropped (with any connection still open) when this is.
-struct TestDatabase {
-    /// `CHECKOUT_TEST_DATABASE_URL`: where databases are created, altered and dropped.
-    admin_url: String,
-    /// `checkout_e2e_<random>`.
-    name: String,
-}
-
-impl TestDatabase {
-    async fn create() -> Self {
-        let admin_url = std::env::var("CHECKOUT_TEST_DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        let name = format!("checkout_e2e_{:016x}", rand::random::<u64>());
-        let database = Self { admin_url, name };
-        database
-            .admin(&format!("CREATE DATABASE {}", database.name))
-            .await;
-        database
-    }
-
-    /// The URL of this database: the admin URL with its database name replaced.
-    fn url(&self) -> String {
-        let (base, query) = match self.admin_url.split_once('?') {
-            Some((base, query)) => (base, format!("?{query}")),
-            None => (self.admin_url.as_str(), String::new()),
-        };
-        let (server, _) = base.rsplit_once('/').expect("a URL with a database path");
-        format!("{server}/{}{query}", self.name)
-    }
-
-    /// Runs one statement on the admin database.
-    async fn admin(&self, statement: &str) {
-        let mut admin = PgConnection::connect(&self.admin_url)
-            .await
-            .expect("connect to CHECKOUT_TEST_DATABASE_URL");
-        admin
-            .execute(AssertSqlSafe(statement.to_owned()))
-            .await
-            .unwrap_or_else(|e| panic!("{statement}: {e}"));
-        admin.close().await.ok();
-    }
-
-    /// Makes the database unreachable: no new connection is accepted (superusers included),
-    /// and every open one is terminated. Returns once none is left.
-    async fn cut_off(&self) {
-        let name = &self.name;
-        self.admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
-            .await;
-        self.admin(&format!(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE datname = '{name}' AND pid <> pg_backend_pid()"
-        ))
-        .await;
-        let mut admin = PgConnection::connect(&self.admin_url).await.expect("admin");
-        let until = Instant::now() + EVENTUALLY;
-        loop {
-            let (open,): (i64,) =
-                sqlx::query_as("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = $1")
-                    .bind(name)
-                    .fetch_one(&mut admin)
-                    .await
-                    .expect("count connections");
-            if open == 0 {
-                break;
-            }
-            assert!(Instant::now() < until, "{open} connections survived");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        admin.close().await.ok();
-    }
-
-    /// Accepts connections again.
-    async fn restore(&self) {
-        self.admin(&format!(
-            "ALTER DATABASE {} ALLOW_CONNECTIONS true",
-            self.name
-        ))
-        .await;
-    }
-}
-
-impl Drop for TestDatabase {
-    fn drop(&mut self) {
-        // Drop cannot await (and may run while a test panics): drop the database from a thread
-        // with its own runtime, after allowing connections again in case a test cut them off.
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                let mut admin = PgConnection::connect(&admin_url).await?;
-                admin
-                    .execute(AssertSqlSafe(format!(
-                        "ALTER DATABASE {name} ALLOW_CONNECTIONS true"
-                    )))
-                    .await?;
-                admin
-                    .execute(AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                    )))
-                    .await?;
-                admin.close().await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop test database {}", self.name);
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Replicas and the stubs they share
@@ -373,7 +257,7 @@ fn order_id(key: &str) -> String {
 /// or replay the order, and the order is CONFIRMED and captured exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_key_sent_to_two_replicas_at_once_is_held_and_captured_exactly_once() {
-    let database = TestDatabase::create().await;
+    let database = TestDatabase::create("checkout_e2e").await;
     let stubs = Stubs::start().await;
     let replicas = [
         Replica::start(&stubs.server, &database, |_| {}).await,
@@ -448,7 +332,7 @@ async fn one_key_sent_to_two_replicas_at_once_is_held_and_captured_exactly_once(
 /// left pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jobs_are_worked_once_across_replicas() {
-    let database = TestDatabase::create().await;
+    let database = TestDatabase::create("checkout_e2e").await;
     let stubs = Stubs::start().await;
     let replicas = [
         Replica::start(&stubs.server, &database, |_| {}).await,
@@ -522,7 +406,7 @@ async fn jobs_are_worked_once_across_replicas() {
 /// the other replica once the wallet recovers: CONFIRMED, one hold, captured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pending_order_of_a_stopped_replica_is_finished_by_the_other() {
-    let database = TestDatabase::create().await;
+    let database = TestDatabase::create("checkout_e2e").await;
     let stubs = Stubs::start().await;
     let short_settle = |c: &mut Config| c.worker.settle_window = Duration::from_millis(500);
     let a = Replica::start(&stubs.server, &database, short_settle).await;
@@ -564,11 +448,11 @@ async fn a_pending_order_of_a_stopped_replica_is_finished_by_the_other() {
 /// are allowed again, the same key is CONFIRMED by the same process, with no restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreachable_database_is_answered_unavailable_and_recovered_from_without_restart() {
-    let database = TestDatabase::create().await;
+    let database = TestDatabase::create("checkout_e2e").await;
     let stubs = Stubs::start().await;
     let replica = Replica::start(&stubs.server, &database, |_| {}).await;
 
-    database.cut_off().await;
+    database.cut_off(EVENTUALLY).await;
     // The first attempt meets the pool's terminated connections, the later ones a server
     // that refuses new ones.
     for attempt in 0..3 {

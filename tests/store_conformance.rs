@@ -157,8 +157,8 @@ impl Harness {
 
     #[cfg(feature = "postgres-tests")]
     async fn postgres() -> Self {
-        let database = pg::TestDatabase::create().await;
-        let store = database.open().await;
+        let database = pg::TestDatabase::create("checkout_t").await;
+        let store = pg::open(&database).await;
         Self {
             store: Arc::new(store),
             _keep: Keep::Database(database),
@@ -172,82 +172,23 @@ impl Harness {
 }
 
 #[cfg(feature = "postgres-tests")]
+#[path = "common/pg.rs"]
+mod test_database;
+
+#[cfg(feature = "postgres-tests")]
 mod pg {
     //! Fresh PostgreSQL databases for tests.
 
     use super::*;
     use checkout::store::PostgresStore;
-    use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 
-    /// One database of its own, dropped (with any connection still open) when this is.
-    pub struct TestDatabase {
-        admin_url: String,
-        name: String,
-    }
+    pub use super::test_database::TestDatabase;
 
-    fn admin_url() -> String {
-        std::env::var("CHECKOUT_TEST_DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-    }
-
-    impl TestDatabase {
-        pub async fn create() -> Self {
-            let admin_url = admin_url();
-            let name = format!("checkout_t_{:016x}", rand::random::<u64>());
-            let mut admin = PgConnection::connect(&admin_url)
-                .await
-                .expect("connect to CHECKOUT_TEST_DATABASE_URL");
-            admin
-                .execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                .await
-                .expect("create test database");
-            admin.close().await.ok();
-            Self { admin_url, name }
-        }
-
-        /// The URL of this database: the admin URL with its database name replaced.
-        pub fn url(&self) -> String {
-            let (base, query) = match self.admin_url.split_once('?') {
-                Some((base, query)) => (base, format!("?{query}")),
-                None => (self.admin_url.as_str(), String::new()),
-            };
-            let (server, _) = base.rsplit_once('/').expect("a URL with a database path");
-            format!("{server}/{}{query}", self.name)
-        }
-
-        /// A store on this database, like one replica.
-        pub async fn open(&self) -> PostgresStore {
-            PostgresStore::open(&self.url(), 8, Duration::from_millis(5), BACKGROUND)
-                .await
-                .expect("open postgres")
-        }
-    }
-
-    impl Drop for TestDatabase {
-        fn drop(&mut self) {
-            // Drop cannot await (and may run while a test panics): drop the database from a
-            // thread with its own runtime.
-            let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-            let dropped = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
-                runtime.block_on(async move {
-                    let mut admin = PgConnection::connect(&admin_url).await?;
-                    admin
-                        .execute(AssertSqlSafe(format!(
-                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                        )))
-                        .await?;
-                    admin.close().await
-                })
-            })
-            .join();
-            if !matches!(dropped, Ok(Ok(()))) {
-                eprintln!("could not drop test database {}", self.name);
-            }
-        }
+    /// A store on `database`, like one replica.
+    pub async fn open(database: &TestDatabase) -> PostgresStore {
+        PostgresStore::open(&database.url(), 8, Duration::from_millis(5), BACKGROUND)
+            .await
+            .expect("open postgres")
     }
 }
 
@@ -1178,9 +1119,9 @@ mod postgres_replicas {
     /// exactly once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn two_replicas_claiming_concurrently_never_lease_the_same_job() {
-        let database = pg::TestDatabase::create().await;
-        let a = Arc::new(database.open().await);
-        let b = Arc::new(database.open().await);
+        let database = pg::TestDatabase::create("checkout_t").await;
+        let a = Arc::new(pg::open(&database).await);
+        let b = Arc::new(pg::open(&database).await);
         for i in 0..200 {
             create(&*a, &format!("o-{i:03}"), 0).await;
         }
@@ -1213,10 +1154,10 @@ mod postgres_replicas {
     /// Concurrent begins of one order id from two replicas create it exactly once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn begins_from_two_replicas_create_an_order_exactly_once() {
-        let database = pg::TestDatabase::create().await;
+        let database = pg::TestDatabase::create("checkout_t").await;
         let replicas: [Arc<dyn OrderStore>; 2] = [
-            Arc::new(database.open().await),
-            Arc::new(database.open().await),
+            Arc::new(pg::open(&database).await),
+            Arc::new(pg::open(&database).await),
         ];
         let tasks: Vec<_> = (0..20)
             .map(|i| {
@@ -1243,8 +1184,8 @@ mod postgres_replicas {
     /// server cancels the statement), applies nothing, and leaves the store usable.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_write_blocked_by_a_row_lock_times_out_within_its_limit() {
-        let database = pg::TestDatabase::create().await;
-        let store = database.open().await;
+        let database = pg::TestDatabase::create("checkout_t").await;
+        let store = pg::open(&database).await;
         create(&store, "o-1", 100).await;
 
         let mut locker = PgConnection::connect(&database.url())

@@ -18,6 +18,9 @@ use checkout::stubs::StubServer;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
+#[cfg(feature = "postgres-tests")]
+pub mod pg;
+
 /// Stubs + orchestrator + clients.
 pub struct Harness {
     pub stubs: StubServer,

@@ -1,0 +1,123 @@
+//! Fresh PostgreSQL databases for tests: one per test, created from
+//! `CHECKOUT_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and dropped
+//! — with any connection still open — when the handle is.
+
+#![allow(dead_code)] // Each suite uses a part.
+
+use std::time::{Duration, Instant};
+
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
+
+/// One database of a test's own.
+pub struct TestDatabase {
+    /// Where databases are created, altered and dropped.
+    admin_url: String,
+    /// `<prefix>_<random>`.
+    name: String,
+}
+
+impl TestDatabase {
+    /// Creates `<prefix>_<random>`.
+    pub async fn create(prefix: &str) -> Self {
+        let admin_url = std::env::var("CHECKOUT_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let name = format!("{prefix}_{:016x}", rand::random::<u64>());
+        let database = Self { admin_url, name };
+        database
+            .admin(&format!("CREATE DATABASE {}", database.name))
+            .await;
+        database
+    }
+
+    /// The URL of this database: the admin URL with its database name replaced.
+    pub fn url(&self) -> String {
+        let (base, query) = match self.admin_url.split_once('?') {
+            Some((base, query)) => (base, format!("?{query}")),
+            None => (self.admin_url.as_str(), String::new()),
+        };
+        let (server, _) = base.rsplit_once('/').expect("a URL with a database path");
+        format!("{server}/{}{query}", self.name)
+    }
+
+    /// Runs one statement on the admin database.
+    pub async fn admin(&self, statement: &str) {
+        let mut admin = PgConnection::connect(&self.admin_url)
+            .await
+            .expect("connect to CHECKOUT_TEST_DATABASE_URL");
+        admin
+            .execute(AssertSqlSafe(statement.to_owned()))
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+        admin.close().await.ok();
+    }
+
+    /// Makes the database unreachable: no new connection is accepted (superusers included),
+    /// and every open one is terminated. Returns once none is left (or panics after `within`).
+    pub async fn cut_off(&self, within: Duration) {
+        let name = &self.name;
+        self.admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+            .await;
+        self.admin(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+        ))
+        .await;
+        let mut admin = PgConnection::connect(&self.admin_url).await.expect("admin");
+        let until = Instant::now() + within;
+        loop {
+            let (open,): (i64,) =
+                sqlx::query_as("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = $1")
+                    .bind(name)
+                    .fetch_one(&mut admin)
+                    .await
+                    .expect("count connections");
+            if open == 0 {
+                break;
+            }
+            assert!(Instant::now() < until, "{open} connections survived");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        admin.close().await.ok();
+    }
+
+    /// Accepts connections again.
+    pub async fn restore(&self) {
+        self.admin(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+            self.name
+        ))
+        .await;
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        // Drop cannot await (and may run while a test panics): drop the database from a thread
+        // with its own runtime, after allowing connections again in case a test cut them off.
+        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let mut admin = PgConnection::connect(&admin_url).await?;
+                admin
+                    .execute(AssertSqlSafe(format!(
+                        "ALTER DATABASE {name} ALLOW_CONNECTIONS true"
+                    )))
+                    .await?;
+                admin
+                    .execute(AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .await?;
+                admin.close().await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop test database {}", self.name);
+        }
+    }
+}
