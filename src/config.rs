@@ -76,7 +76,9 @@ impl Default for Config {
     }
 }
 
-/// Addresses (URIs) of the four downstream services.
+/// Addresses of the four downstream services: `host:port` (plain HTTP/2, as `--listen` and
+/// grpcurl take it) or an `http://` URI. Checked by [`Config::validate`]; read through
+/// [`downstream_uri`].
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DownstreamAddrs {
@@ -271,8 +273,13 @@ pub struct WorkerPolicy {
     /// Exponential backoff cap.
     #[serde(with = "humantime_serde")]
     pub backoff_cap: Duration,
-    /// Failed attempts after which a job is parked for an operator.
+    /// Definitive rejections after which a job is parked for an operator. Transient failures
+    /// (unavailable, ambiguous, timed out) never count: see `park_after`.
     pub max_attempts: u32,
+    /// How long a job may fail transiently (and nothing else) before it is parked: long enough
+    /// that any outage the downstreams recover from is waited out.
+    #[serde(with = "humantime_serde")]
+    pub park_after: Duration,
     /// How long a claimed job belongs to one worker before another may take it.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
@@ -299,6 +306,7 @@ impl Default for WorkerPolicy {
             backoff_base: Duration::from_millis(200),
             backoff_cap: Duration::from_secs(30),
             max_attempts: 20,
+            park_after: Duration::from_secs(24 * 3600),
             lease: Duration::from_secs(10),
             poll_interval: Duration::from_millis(100),
             concurrency: 64,
@@ -407,14 +415,33 @@ impl Config {
         Ok(config)
     }
 
+    /// The least time a request must have left to be admitted (SPEC §10):
+    /// max(`fast_fail_floor` + `return_reserve`, the shortest path). The shortest path is the
+    /// reserves (`return_reserve` + `record_reserve`) plus every stage's `min_budget` (cart,
+    /// the larger of fraud and inventory, which run in parallel, and the hold): with less, a
+    /// later step could not be sent, and an admitted order could only be finished by the
+    /// worker after its caller's deadline. 220 ms with the defaults.
+    pub fn admission_floor(&self) -> Duration {
+        let (d, s) = (&self.deadline, &self.steps);
+        let shortest_path = d.return_reserve
+            + d.record_reserve
+            + s.cart.min_budget
+            + s.fraud.min_budget.max(s.inventory.min_budget)
+            + s.wallet_hold.min_budget;
+        (d.fast_fail_floor + d.return_reserve).max(shortest_path)
+    }
+
     /// Checks that the numbers agree with each other.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let d = &self.deadline;
         let bad = |msg: String| Err(ConfigError::Invalid(msg));
-        if d.server_budget_max <= d.return_reserve + d.fast_fail_floor {
+        if d.server_budget_max <= self.admission_floor() {
             return bad(format!(
-                "deadline.server_budget_max ({:?}) must exceed return_reserve + fast_fail_floor",
-                d.server_budget_max
+                "deadline.server_budget_max ({:?}) must exceed the admission floor ({:?}): \
+                 max(fast_fail_floor + return_reserve, return_reserve + record_reserve + \
+                 every stage's min_budget)",
+                d.server_budget_max,
+                self.admission_floor()
             ));
         }
         if d.min_to_send.is_zero() {
@@ -458,6 +485,9 @@ impl Config {
         {
             return bad("retry_budget.percent must be 0-1000 and window 1s-60s".into());
         }
+        for (key, addr) in self.downstream.named() {
+            downstream_uri(key, addr)?;
+        }
         if let Some(url) = &self.store.database_url
             && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
         {
@@ -467,6 +497,54 @@ impl Config {
         }
         Ok(())
     }
+}
+
+impl DownstreamAddrs {
+    /// Every service with its config key.
+    pub fn named(&self) -> [(&'static str, &str); 4] {
+        [
+            ("downstream.cart", &self.cart),
+            ("downstream.fraud", &self.fraud),
+            ("downstream.inventory", &self.inventory),
+            ("downstream.wallet", &self.wallet),
+        ]
+    }
+}
+
+/// The URI of a downstream address given under `key`: `host:port` means `http://host:port`;
+/// an `http://host[:port]` URI is taken as it is. Anything else is refused with a message
+/// naming the key, so a typo stops the start instead of declining every order.
+pub fn downstream_uri(key: &str, addr: &str) -> Result<http::Uri, ConfigError> {
+    let refuse = |why: &str| {
+        Err(ConfigError::Invalid(format!(
+            "{key} = {addr:?}: {why}; expected host:port (e.g. 127.0.0.1:50052) or http://host:port"
+        )))
+    };
+    let text = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    let Ok(uri) = text.parse::<http::Uri>() else {
+        return refuse("not an address");
+    };
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return refuse("TLS to downstreams needs a [downstream_tls] section, which is not set");
+        }
+        _ => return refuse("the scheme must be http"),
+    }
+    let Some(authority) = uri.authority() else {
+        return refuse("no host");
+    };
+    if authority.host().is_empty() || (!addr.contains("://") && authority.port().is_none()) {
+        return refuse("no port");
+    }
+    if uri.path() != "/" && !uri.path().is_empty() {
+        return refuse("a path is not allowed");
+    }
+    Ok(uri)
 }
 
 impl Steps {
@@ -502,6 +580,35 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/checkout.toml");
         let loaded = Config::load(&path).expect("deploy/checkout.toml loads");
         assert_eq!(format!("{loaded:?}"), format!("{:?}", Config::default()));
+    }
+
+    #[test]
+    fn downstream_addresses_take_host_port_or_an_http_uri() {
+        for (given, uri) in [
+            ("127.0.0.1:50052", "http://127.0.0.1:50052/"),
+            ("stubs.internal:50052", "http://stubs.internal:50052/"),
+            ("[::1]:50052", "http://[::1]:50052/"),
+            ("http://127.0.0.1:50052", "http://127.0.0.1:50052/"),
+        ] {
+            let parsed = downstream_uri("downstream.cart", given).expect(given);
+            assert_eq!(parsed.to_string(), uri);
+        }
+        for bad in [
+            "",
+            "127.0.0.1",
+            "ftp://x:1",
+            "http://x:1/path",
+            "not an address",
+        ] {
+            let err = downstream_uri("downstream.cart", bad)
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("downstream.cart"), "{err}");
+        }
+        let mut c = Config::default();
+        c.downstream.wallet = "wallet-host".into();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("downstream.wallet"), "{err}");
     }
 
     #[test]

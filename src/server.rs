@@ -73,7 +73,7 @@ pub async fn serve(
         ))))
         .add_service(OperatorServiceServer::new(OperatorApi::new(
             Arc::clone(&store),
-            worker.retry_budget(),
+            worker.retry_budgets(),
             Arc::clone(&config),
         )));
     health

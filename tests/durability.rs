@@ -273,7 +273,7 @@ async fn an_abandoned_order_with_a_hold_in_flight_is_released_and_never_captured
     )
     .await;
     assert!(gave_up.is_err(), "still in flight when the caller left");
-    let id = checkout::checkout::order_id("test:checkout", "walked");
+    let id = h.order_id_of("walked", SECOND).await;
     let o = h
         .wait_for(&id, 5 * SECOND, |o| o.status() != OrderStatus::Pending)
         .await;
@@ -429,11 +429,7 @@ async fn terminal_orders_are_purged_after_retention() {
     let mut client = h.checkout.clone();
     loop {
         let lookup = client
-            .get_order(pb::GetOrderRequest {
-                lookup: Some(pb::get_order_request::Lookup::OrderId(
-                    placed.order_id.clone(),
-                )),
-            })
+            .get_order(as_client(by_id(&placed.order_id), "test"))
             .await;
         match lookup {
             Err(status) if status.code() == Code::NotFound => break,

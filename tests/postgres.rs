@@ -107,9 +107,7 @@ impl Replica {
     async fn get(&self, order_id: &str) -> pb::Order {
         self.checkout
             .clone()
-            .get_order(pb::GetOrderRequest {
-                lookup: Some(pb::get_order_request::Lookup::OrderId(order_id.to_owned())),
-            })
+            .get_order(as_client(by_id(order_id), "test"))
             .await
             .expect("GetOrder")
             .into_inner()
@@ -244,11 +242,6 @@ impl Stubs {
     }
 }
 
-/// The order id a key of client `test` (the harness's `x-client-id`) gets.
-fn order_id(key: &str) -> String {
-    checkout::checkout::order_id("test:checkout", key)
-}
-
 // ---------------------------------------------------------------------------------------------
 // The tests
 
@@ -272,7 +265,11 @@ async fn one_key_sent_to_two_replicas_at_once_is_held_and_captured_exactly_once(
         (0..10).map(|i| replicas[i % 2].place(request.clone(), 2 * SECOND)),
     )
     .await;
-    let id = order_id("one-key");
+    let id = answers[0]
+        .0
+        .as_ref()
+        .map(|o| o.order_id.clone())
+        .unwrap_or_default();
     let (mut confirmed, mut in_progress) = (0, 0);
     for (i, (answer, took)) in answers.iter().enumerate() {
         let placed = answer

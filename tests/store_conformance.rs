@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use checkout::config::SqliteSynchronous;
 use checkout::store::{
-    Begin, Decision, Job, JobKind, JobOutcome, JobStats, MemoryStore, Money, NewJob, NewOrder,
-    OrderRecord, OrderStatus, OrderStore, Phase, SqliteStore, StoreError, TimeLimit,
+    Begin, Decision, Failure, Job, JobKind, JobOutcome, JobStats, MemoryStore, Money, NewJob,
+    NewOrder, OrderRecord, OrderStatus, OrderStore, Phase, SqliteStore, StoreError, TimeLimit,
 };
 use tempfile::TempDir;
 
@@ -73,10 +73,22 @@ fn job(kind: JobKind, run_at_ms: i64) -> NewJob {
 }
 
 fn retry(run_at_ms: i64, failed: bool) -> JobOutcome {
+    failing(
+        run_at_ms,
+        if failed {
+            Failure::Transient
+        } else {
+            Failure::Wait
+        },
+    )
+}
+
+fn failing(run_at_ms: i64, failure: Failure) -> JobOutcome {
     JobOutcome::RetryAt {
         run_at_ms,
-        failed,
+        failure,
         error: "wallet unavailable".to_owned(),
+        at_ms: run_at_ms - 100,
     }
 }
 
@@ -880,7 +892,261 @@ mod cases {
     /// An unknown order id reads as absent, not as an error.
     pub async fn an_unknown_order_reads_as_none(store: Arc<dyn OrderStore>) {
         assert_eq!(store.get("nobody").await.expect("get"), None);
+        assert_eq!(
+            store.find("tests:checkout", "nobody").await.expect("find"),
+            None
+        );
         assert_eq!(store.stats().await.expect("stats"), JobStats::default());
+    }
+
+    /// The idempotency key is unique per scope whatever id a request draws: a second begin
+    /// with another id finds the first order; another scope gets its own order; once the
+    /// order is purged, the key makes a new order with the new id.
+    pub async fn a_key_is_unique_per_scope_whatever_id_the_request_draws(
+        store: Arc<dyn OrderStore>,
+    ) {
+        let store = &*store;
+        let first = create(store, "o-1", 50).await;
+        let mut again = new_order("o-2", 10);
+        again.idempotency_key = first.order.idempotency_key.clone();
+        match store.begin(&again, 60, LIMIT).await.expect("begin") {
+            Begin::Existing(existing) => assert_eq!(existing, first),
+            Begin::Created(created) => panic!("a second order for one key: {created:?}"),
+        }
+        assert_eq!(store.get("o-2").await.expect("get"), None);
+        let found = store
+            .find(&first.order.scope, &first.order.idempotency_key)
+            .await
+            .expect("find");
+        assert_eq!(found, Some(first.clone()));
+        let mut elsewhere = again.clone();
+        elsewhere.order_id = "o-3".to_owned();
+        elsewhere.scope = "other:checkout".to_owned();
+        assert!(matches!(
+            store.begin(&elsewhere, 60, LIMIT).await.expect("begin"),
+            Begin::Created(_)
+        ));
+
+        let mut done = decision("o-1", OrderStatus::Confirmed, "", 100);
+        done.complete = vec![JobKind::DriveOrder];
+        store.decide(&done, LIMIT).await.expect("decide");
+        assert_eq!(store.purge_terminal(1_000).await.expect("purge"), 1);
+        match store.begin(&again, 2_000, LIMIT).await.expect("begin") {
+            Begin::Created(created) => assert_eq!(created.order.order_id, "o-2"),
+            Begin::Existing(existing) => panic!("the purged order came back: {existing:?}"),
+        }
+        assert_eq!(
+            store
+                .find(&again.scope, &again.idempotency_key)
+                .await
+                .expect("find")
+                .map(|o| o.order.order_id),
+            Some("o-2".to_owned())
+        );
+    }
+
+    /// `attempts` counts every failure (the backoff), `rejections` only definitive refusals,
+    /// and the first transient failure starts `failing_since`, which later ones keep.
+    pub async fn failures_count_rejections_apart_and_remember_when_transient_ones_began(
+        store: Arc<dyn OrderStore>,
+    ) {
+        let store = &*store;
+        create(store, "o-1", 0).await;
+        let job = claim_one(store, 0, 1_000).await;
+        assert_eq!(
+            (job.attempts, job.rejections, job.failing_since_ms),
+            (0, 0, None)
+        );
+        let outcomes = [
+            (failing(200, Failure::Transient), (1, 0, Some(100))),
+            (failing(400, Failure::Transient), (2, 0, Some(100))),
+            (failing(600, Failure::Rejection), (3, 1, Some(100))),
+            (failing(800, Failure::Wait), (3, 1, Some(100))),
+        ];
+        let mut job = job;
+        for (outcome, expected) in outcomes {
+            let JobOutcome::RetryAt { run_at_ms, .. } = outcome else {
+                unreachable!("a retry")
+            };
+            assert!(store.finish_job(&job, &outcome).await.expect("retry"));
+            job = claim_one(store, run_at_ms, run_at_ms + 1_000).await;
+            assert_eq!(
+                (job.attempts, job.rejections, job.failing_since_ms),
+                expected,
+                "after {outcome:?}"
+            );
+        }
+    }
+
+    /// Parked jobs are listed a page at a time; re-queuing them (one order's, or all) makes
+    /// them due now with fresh counts, and a PENDING order left with no parked job gets back
+    /// the reason its open jobs stand for.
+    pub async fn parked_jobs_are_listed_and_requeued_with_fresh_counts(store: Arc<dyn OrderStore>) {
+        let store = &*store;
+        let park = |at_ms| JobOutcome::Park {
+            error: "wallet refused".to_owned(),
+            at_ms,
+        };
+        for (id, reason, kind) in [
+            ("o-1", "BUDGET_EXHAUSTED", JobKind::DriveOrder),
+            ("o-2", "WALLET_OUTCOME_UNKNOWN", JobKind::WalletReconcile),
+        ] {
+            create(store, id, 100_000).await;
+            let mut pending = decision(id, OrderStatus::Pending, reason, 10);
+            pending.jobs = vec![NewJob {
+                reschedule: true,
+                ..job(kind, 10)
+            }];
+            pending.complete = if kind == JobKind::DriveOrder {
+                Vec::new()
+            } else {
+                vec![JobKind::DriveOrder]
+            };
+            store.decide(&pending, LIMIT).await.expect("decide");
+        }
+        let mut jobs = claim(store, "w", 10, 1_000).await;
+        jobs.sort_by_key(|j| j.id);
+        assert_eq!(jobs.len(), 2, "{jobs:?}");
+        for (i, job) in jobs.iter().enumerate() {
+            assert!(
+                store
+                    .finish_job(job, &park(20 + i as i64))
+                    .await
+                    .expect("park")
+            );
+        }
+        assert_eq!(stored(store, "o-1").await.reason, "PARKED");
+
+        let first_page = store.list_parked(0, 1).await.expect("list");
+        assert_eq!(first_page.len(), 1);
+        let second_page = store.list_parked(first_page[0].id, 10).await.expect("list");
+        assert_eq!(second_page.len(), 1);
+        let all: Vec<_> = first_page.iter().chain(&second_page).collect();
+        assert_eq!(
+            all.iter()
+                .map(|p| (p.order_id.as_str(), p.kind))
+                .collect::<Vec<_>>(),
+            [
+                ("o-1", JobKind::DriveOrder),
+                ("o-2", JobKind::WalletReconcile)
+            ]
+        );
+        assert_eq!(all[0].last_error, "wallet refused");
+        assert_eq!(all[0].parked_at_ms, 20);
+        assert_eq!(all[0].attempts, 1);
+
+        assert_eq!(
+            store
+                .retry_parked(Some("o-2"), 500, 1_000)
+                .await
+                .expect("retry"),
+            1
+        );
+        let o2 = stored(store, "o-2").await;
+        assert_eq!(
+            (o2.reason.as_str(), o2.retry_after_ms, o2.parked_jobs.len()),
+            ("WALLET_OUTCOME_UNKNOWN", Some(1_000), 0)
+        );
+        assert_eq!(stored(store, "o-1").await.reason, "PARKED", "only o-2's");
+        assert_eq!(
+            store.retry_parked(None, 600, 1_000).await.expect("retry"),
+            1
+        );
+        let o1 = stored(store, "o-1").await;
+        assert_eq!(
+            (o1.reason.as_str(), o1.parked_jobs.len()),
+            ("BUDGET_EXHAUSTED", 0)
+        );
+        assert!(store.list_parked(0, 10).await.expect("list").is_empty());
+        let due = claim(store, "w", 600, 2_000).await;
+        assert_eq!(due.len(), 2, "both due again: {due:?}");
+        assert!(due.iter().all(|j| (j.attempts, j.rejections) == (0, 0)));
+        assert_eq!(store.stats().await.expect("stats").parked, 0);
+    }
+
+    /// A caller who left before hearing a decision: the order becomes DECLINED
+    /// CALLER_ABANDONED, its pending jobs are cancelled and a reconcile and an inventory
+    /// release are due — unless its capture started or it is already declined.
+    pub async fn an_abandoned_decision_is_undone_unless_its_capture_started(
+        store: Arc<dyn OrderStore>,
+    ) {
+        let store = &*store;
+        for id in ["o-1", "o-2", "o-3"] {
+            create(store, id, 100_000).await;
+            let mut confirm = decision(id, OrderStatus::Confirmed, "", 10);
+            confirm.jobs = vec![
+                job(JobKind::WalletCapture, 5_000),
+                job(JobKind::InventoryCommit, 5_000),
+            ];
+            confirm.complete = vec![JobKind::DriveOrder];
+            store.decide(&confirm, LIMIT).await.expect("decide");
+        }
+        assert!(store.abandon("o-1", 100, 1_000).await.expect("abandon"));
+        let o1 = stored(store, "o-1").await;
+        assert_eq!(
+            (
+                o1.status,
+                o1.reason.as_str(),
+                o1.retryable,
+                o1.retry_after_ms
+            ),
+            (OrderStatus::Declined, "CALLER_ABANDONED", true, Some(1_000))
+        );
+        assert!(!store.abandon("o-1", 200, 1_000).await.expect("again"));
+        // Its capture and commit are cancelled; the compensations are due at once.
+        let mut due = claim(store, "w", 100, 1_000).await;
+        due.sort_by_key(|j| j.kind);
+        assert_eq!(
+            kinds(&due),
+            [
+                ("o-1".to_owned(), JobKind::WalletReconcile),
+                ("o-1".to_owned(), JobKind::InventoryRelease)
+            ]
+        );
+        for job in &due {
+            assert!(
+                store
+                    .finish_job(job, &JobOutcome::Done(None))
+                    .await
+                    .expect("done")
+            );
+        }
+
+        // o-2's capture is leased by a worker: too late.
+        let leased = claim(store, "w", 5_000, 20_000).await;
+        let capture = leased
+            .iter()
+            .find(|j| j.order_id == "o-2" && j.kind == JobKind::WalletCapture)
+            .expect("o-2's capture is due")
+            .clone();
+        assert!(!store.abandon("o-2", 5_001, 1_000).await.expect("abandon"));
+        assert_eq!(stored(store, "o-2").await.status, OrderStatus::Confirmed);
+        assert!(
+            store
+                .finish_job(&capture, &JobOutcome::Done(None))
+                .await
+                .expect("done")
+        );
+        for job in leased.iter().filter(|j| j.id != capture.id) {
+            assert!(
+                store
+                    .finish_job(job, &JobOutcome::Done(None))
+                    .await
+                    .expect("done")
+            );
+        }
+        // o-3's capture ran: too late as well.
+        assert!(!store.abandon("o-3", 30_000, 1_000).await.expect("abandon"));
+        assert!(
+            !store
+                .abandon("unknown", 30_000, 1_000)
+                .await
+                .expect("abandon")
+        );
+        assert!(
+            claim(store, "w", 30_000, 40_000).await.is_empty(),
+            "o-1's capture never comes back"
+        );
     }
 }
 
@@ -941,6 +1207,14 @@ conformance_suite! {
     concurrent_writes_each_apply_whole_or_not_at_all,
     /// Concurrent decisions of one order apply exactly one.
     concurrent_decisions_of_one_order_apply_exactly_one,
+    /// The idempotency key is unique per scope whatever id a request draws.
+    a_key_is_unique_per_scope_whatever_id_the_request_draws,
+    /// Rejections are counted apart; transient failures remember when they began.
+    failures_count_rejections_apart_and_remember_when_transient_ones_began,
+    /// Parked jobs are listed and re-queued with fresh counts.
+    parked_jobs_are_listed_and_requeued_with_fresh_counts,
+    /// An abandoned decision is undone unless its capture started.
+    an_abandoned_decision_is_undone_unless_its_capture_started,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -85,19 +85,17 @@ pub struct NotSent {
     pub available: Duration,
 }
 
-/// Refused at admission: the deadline cannot fit even the fast-fail floor.
+/// Refused at admission: the deadline cannot fit the shortest path through the steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "deadline too short: {} ms remaining, {} ms needed to start (fast-fail floor {} ms + return reserve {} ms)",
-    remaining.as_millis(), (*floor + *reserve).as_millis(), floor.as_millis(), reserve.as_millis()
+    "deadline too short: {} ms remaining, {} ms needed (the reserves plus every step's minimum budget); nothing was recorded or sent",
+    remaining.as_millis(), floor.as_millis()
 )]
 pub struct TooShort {
     /// What the caller had left on arrival.
     pub remaining: Duration,
-    /// `fast_fail_floor`.
+    /// The admission floor: see [`Budgeter::admission_floor`].
     pub floor: Duration,
-    /// `return_reserve`.
-    pub reserve: Duration,
 }
 
 /// Computes admission and child budgets from the policy.
@@ -105,6 +103,8 @@ pub struct TooShort {
 pub struct Budgeter {
     deadline: DeadlinePolicy,
     steps: Steps,
+    /// See [`Budgeter::admission_floor`]; computed once from the policy.
+    admission_floor: Duration,
 }
 
 impl Budgeter {
@@ -113,20 +113,27 @@ impl Budgeter {
         Self {
             deadline: config.deadline,
             steps: config.steps,
+            admission_floor: config.admission_floor(),
         }
     }
 
-    /// Fast-fail admission, decided synchronously on arrival.
+    /// Admission, decided synchronously on arrival: a deadline with less than
+    /// [`Budgeter::admission_floor`] left is refused, before anything is recorded or sent.
     pub fn admit(&self, deadline: &Deadline) -> Result<(), TooShort> {
         let remaining = deadline.remaining();
-        if remaining.saturating_sub(self.deadline.return_reserve) < self.deadline.fast_fail_floor {
+        if remaining < self.admission_floor {
             return Err(TooShort {
                 remaining,
-                floor: self.deadline.fast_fail_floor,
-                reserve: self.deadline.return_reserve,
+                floor: self.admission_floor,
             });
         }
         Ok(())
+    }
+
+    /// The least time a request must have left to be admitted: see
+    /// [`Config::admission_floor`].
+    pub fn admission_floor(&self) -> Duration {
+        self.admission_floor
     }
 
     /// The request-path budget of `step`, leaving the return reserve and the minimum budgets of
@@ -267,12 +274,31 @@ mod tests {
     }
 
     #[test]
-    fn admission_refuses_below_the_floor_after_the_reserve() {
+    fn admission_refuses_what_cannot_fit_the_shortest_path() {
         let b = Budgeter::new(&Config::default());
+        assert_eq!(b.admission_floor(), Duration::from_millis(220));
         let now = Instant::now();
+        let refused = b
+            .admit(&deadline_ms(219, now))
+            .expect_err("below the floor");
+        assert_eq!(refused.floor, Duration::from_millis(220));
         assert!(b.admit(&deadline_ms(149, now)).is_err());
-        assert!(b.admit(&deadline_ms(80, now)).is_err());
         assert!(b.admit(&deadline_ms(400, now)).is_ok());
+        // At the floor, every step can still be sent with its minimum budget.
+        let d = deadline_ms(221, now);
+        assert!(b.admit(&d).is_ok());
+        let cart = b.allot_at(&d, Step::Cart, now).expect("cart is sent");
+        assert!(cart.timeout() >= Duration::from_millis(50));
+    }
+
+    #[test]
+    fn the_fast_fail_floor_wins_when_it_is_the_larger() {
+        let mut config = Config::default();
+        config.deadline.fast_fail_floor = Duration::from_millis(400);
+        assert_eq!(
+            Budgeter::new(&config).admission_floor(),
+            Duration::from_millis(450)
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub const X_DEADLINE_EXCEEDED: &str = "x-deadline-exceeded";
 #[derive(Debug, thiserror::Error)]
 pub enum CheckoutError {
     /// Fields or deadline headers are missing or malformed.
-    #[error("invalid request: {0:?}")]
+    #[error("invalid request: {}", describe(.0))]
     BadRequest(Vec<FieldViolation>),
     /// The idempotency key was used before for a different request.
     #[error("idempotency key already used for a different request (order {order_id})")]
@@ -28,7 +28,7 @@ pub enum CheckoutError {
         /// The order that owns the key.
         order_id: String,
     },
-    /// The deadline cannot fit the fast-fail floor; nothing was recorded or sent.
+    /// The deadline cannot fit the admission floor; nothing was recorded or sent.
     #[error(transparent)]
     DeadlineTooShort(#[from] TooShort),
     /// The order could not be recorded, so nothing was sent. The store's own words stay in
@@ -42,12 +42,21 @@ pub enum CheckoutError {
         /// When to try again.
         retry_after: Duration,
     },
-    /// No such order.
-    #[error("no order {0}")]
-    NotFound(String),
+    /// No such order (or not one of the caller's: existence is not revealed).
+    #[error("no such order")]
+    NotFound,
     /// A bug: a task panicked.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// The violations as one sentence: `customer_id is required; cart_id is at most 128 bytes`.
+fn describe(violations: &[FieldViolation]) -> String {
+    violations
+        .iter()
+        .map(|v| format!("{} {}", v.field, v.description))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl From<CheckoutError> for Status {
@@ -80,10 +89,6 @@ impl From<CheckoutError> for Status {
                             short.remaining.as_millis().to_string(),
                         ),
                         ("floor_ms".to_owned(), short.floor.as_millis().to_string()),
-                        (
-                            "return_reserve_ms".to_owned(),
-                            short.reserve.as_millis().to_string(),
-                        ),
                     ],
                 );
                 let mut status =
@@ -105,7 +110,7 @@ impl From<CheckoutError> for Status {
                     ErrorDetails::with_retry_info(Some(retry_after)),
                 )
             }
-            CheckoutError::NotFound(_) => Status::not_found(message),
+            CheckoutError::NotFound => Status::not_found(message),
             CheckoutError::Internal(_) => Status::internal(message),
         }
     }

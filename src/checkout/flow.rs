@@ -11,10 +11,19 @@
 //! in-flight call is dropped (its HTTP/2 stream reset), and the task still records what
 //! happened — so nothing is ever captured for a caller who left. Branch tokens are children of
 //! the root: a fraud DENY cancels inventory, an OUT_OF_STOCK cancels fraud.
+//!
+//! The handler answers from a timer at `deadline − return_reserve` whatever the operation is
+//! doing (PENDING `BUDGET_EXHAUSTED`; the operation goes on and the worker owns what it leaves),
+//! so tonic's own `grpc-timeout` never answers first. A caller who leaves after the decision is
+//! written but before the answer is handed to tonic is still an abandonment: the operation
+//! waits for the handler to take the answer and otherwise undoes the decision
+//! ([`OrderStore::abandon`]). That is safe because every job a request-path decision writes is
+//! due no earlier than the caller's deadline, when abandonment is no longer possible.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::Code;
@@ -25,13 +34,13 @@ use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
 use crate::config::{Config, FraudOnTimeout};
 use crate::deadline::{Deadline, now_ms};
 use crate::downstream::{
-    CallClass, CallError, Downstreams, HoldOutcome, classify_hold, error_reason,
+    CallClass, CallError, Downstreams, HoldOutcome, HoldTerms, classify_hold, error_reason,
 };
 use crate::proto::{
     cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
 };
 use crate::store::{
-    Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, TimeLimit,
+    Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
 };
 
 /// Places orders: owns the policy, the downstream clients and the store.
@@ -47,10 +56,27 @@ pub struct Orchestrator {
 /// The answer to one PlaceOrder.
 #[derive(Debug)]
 pub struct Placed {
-    /// The order as stored (or, if the decision could not be stored, as the worker will find it).
+    /// The order as stored (or, if the decision could not be stored in time, as the worker
+    /// will find it).
     pub record: OrderRecord,
     /// How this call spent its deadline.
     pub waterfall: Waterfall,
+}
+
+/// What an operation has reached, as the handler's answer timer may need it.
+#[derive(Debug, Default)]
+struct Progress {
+    /// The order as `begin` created it: set once it is durable.
+    created: OnceLock<OrderRecord>,
+    /// Set when the handler answered from its timer: nobody waits on the operation any more,
+    /// so its store writes take the background limit.
+    answered: std::sync::atomic::AtomicBool,
+}
+
+impl Progress {
+    fn answered(&self) -> bool {
+        self.answered.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 impl Orchestrator {
@@ -76,8 +102,9 @@ impl Orchestrator {
     }
 
     /// Places one order under `deadline`. Admission is decided here, synchronously, before
-    /// anything is recorded or sent. If the returned future is dropped (the caller went away),
-    /// the operation is cancelled and recorded as abandoned.
+    /// anything is recorded or sent. The answer comes by `deadline − return_reserve` at the
+    /// latest. If the returned future is dropped (the caller went away) before it has the
+    /// answer, the operation is cancelled and recorded as abandoned.
     pub async fn place(
         self: &Arc<Self>,
         request: OrderRequest,
@@ -86,17 +113,62 @@ impl Orchestrator {
         self.budgeter.admit(&deadline)?;
         let abandoned = CancellationToken::new();
         let on_drop = abandoned.clone().drop_guard();
-        let this = Arc::clone(self);
+        let waterfall = Waterfall::new(deadline.started());
+        let progress = Arc::new(Progress::default());
+        let (answer_tx, answer_rx) = oneshot::channel();
+        let (delivered_tx, delivered_rx) = oneshot::channel();
+        let operation = Operation {
+            orchestrator: Arc::clone(self),
+            deadline,
+            abandoned,
+            waterfall: waterfall.clone(),
+            progress: Arc::clone(&progress),
+        };
         // The operation outlives this future if the caller leaves; it keeps the caller's span.
-        let operation = self.operations.spawn(
-            async move { this.operate(request, deadline, abandoned).await }
+        self.operations.spawn(
+            operation
+                .run(request, answer_tx, delivered_rx)
                 .instrument(tracing::Span::current()),
         );
-        let result = operation
-            .await
-            .map_err(|e| CheckoutError::Internal(format!("order task failed: {e}")));
+        let answer_by = tokio::time::Instant::from_std(self.budgeter.answer_by(&deadline));
+        let answer = tokio::select! {
+            biased;
+            answer = answer_rx => answer.unwrap_or_else(|_| {
+                Err(CheckoutError::Internal("the order task ended without an answer".into()))
+            }),
+            () = tokio::time::sleep_until(answer_by) => {
+                progress
+                    .answered
+                    .store(true, std::sync::atomic::Ordering::Release);
+                self.answer_in_time(&progress, waterfall)
+            }
+        };
+        // Nothing below awaits: from here the answer reaches tonic whatever the caller does.
+        let _ = delivered_tx.send(());
         on_drop.disarm();
-        result?
+        answer
+    }
+
+    /// The answer when the operation has not finished by `deadline − return_reserve`: PENDING
+    /// `BUDGET_EXHAUSTED` if the order is recorded (the operation goes on, and the worker owns
+    /// whatever it leaves), else UNAVAILABLE (nothing can have been sent without the record).
+    fn answer_in_time(
+        &self,
+        progress: &Progress,
+        waterfall: Waterfall,
+    ) -> Result<Placed, CheckoutError> {
+        let Some(created) = progress.created.get() else {
+            return Err(CheckoutError::StoreUnavailable {
+                source: StoreError::Timeout(Duration::ZERO),
+                retry_after: self.config.retry_after.unavailable,
+            });
+        };
+        tracing::info!(order_id = %created.order.order_id, "answered PENDING at the deadline's return reserve; the order goes on in the background");
+        let mut record = created.clone();
+        record.status = OrderStatus::Pending;
+        record.reason = Reason::BudgetExhausted.as_str().to_owned();
+        record.retry_after_ms = Some(millis(self.config.retry_after.pending));
+        Ok(Placed { record, waterfall })
     }
 
     /// Stops taking new operations and waits for those in flight (each ends by its deadline).
@@ -104,25 +176,92 @@ impl Orchestrator {
         self.operations.close();
         self.operations.wait().await;
     }
+}
 
-    async fn operate(
-        &self,
+/// One PlaceOrder as its task runs it.
+struct Operation {
+    orchestrator: Arc<Orchestrator>,
+    deadline: Deadline,
+    /// Fires when the caller leaves (the handler's drop guard).
+    abandoned: CancellationToken,
+    waterfall: Waterfall,
+    progress: Arc<Progress>,
+}
+
+impl Operation {
+    /// Runs the order, hands the answer to the handler, and — if the handler is gone before it
+    /// took the answer of an order this call decided — undoes the decision as an abandonment.
+    async fn run(
+        self,
         request: OrderRequest,
-        deadline: Deadline,
-        abandoned: CancellationToken,
-    ) -> Result<Placed, CheckoutError> {
-        let waterfall = Waterfall::new(deadline.started());
+        answer: oneshot::Sender<Result<Placed, CheckoutError>>,
+        delivered: oneshot::Receiver<()>,
+    ) {
+        let result = self.operate(request).await;
+        let decided = match &result {
+            Ok((placed, true)) if placed.record.status != OrderStatus::Declined => {
+                Some(placed.record.order.order_id.clone())
+            }
+            _ => None,
+        };
+        // The handler may be gone already; then `delivered` says so below.
+        let _ = answer.send(result.map(|(placed, _)| placed));
+        if let Some(order_id) = decided
+            && delivered.await.is_err()
+        {
+            self.abandon_decided(&order_id).await;
+        }
+    }
+
+    /// The caller left after its order was decided but before the answer was handed over.
+    async fn abandon_decided(&self, order_id: &str) {
+        let config = &self.orchestrator.config;
+        let mut delay = Duration::from_millis(100);
+        for _ in 0..10 {
+            match self
+                .orchestrator
+                .store
+                .abandon(order_id, now_ms(), millis(config.retry_after.pending))
+                .await
+            {
+                Ok(true) => {
+                    tracing::info!(%order_id, "caller left before hearing the decision: declined CALLER_ABANDONED, any hold released");
+                    return;
+                }
+                Ok(false) => {
+                    tracing::warn!(%order_id, "caller left before hearing the decision, but the order was already too far along to abandon");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%order_id, %error, "abandonment not recorded yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        tracing::error!(%order_id, "abandonment after the decision could not be recorded");
+    }
+
+    /// The order's outcome, and whether this call decided it (false for a replay).
+    async fn operate(&self, request: OrderRequest) -> Result<(Placed, bool), CheckoutError> {
+        let orchestrator = &self.orchestrator;
+        let config = &orchestrator.config;
+        let deadline = &self.deadline;
         let order = request.to_new_order(deadline.at_epoch_ms(), now_ms());
-        let takeover_at = deadline.at_epoch_ms() + millis(self.config.worker.takeover_grace);
-        let created = match self
+        let takeover_at = deadline.at_epoch_ms() + millis(config.worker.takeover_grace);
+        let placed = |record| Placed {
+            record,
+            waterfall: self.waterfall.clone(),
+        };
+        let created = match orchestrator
             .store
-            .begin(&order, takeover_at, self.request_limit(&deadline))
+            .begin(&order, takeover_at, self.limit())
             .await
         {
             Err(source) => {
                 return Err(CheckoutError::StoreUnavailable {
                     source,
-                    retry_after: self.config.retry_after.unavailable,
+                    retry_after: config.retry_after.unavailable,
                 });
             }
             Ok(Begin::Existing(existing)) if existing.order.request_hash != order.request_hash => {
@@ -130,53 +269,54 @@ impl Orchestrator {
                     order_id: existing.order.order_id,
                 });
             }
-            Ok(Begin::Existing(existing)) => {
-                return Ok(Placed {
-                    record: existing,
-                    waterfall,
-                });
-            }
+            Ok(Begin::Existing(existing)) => return Ok((placed(existing), false)),
             Ok(Begin::Created(created)) => created,
         };
+        let _ = self.progress.created.set(created.clone());
 
         let run = Run {
-            orchestrator: self,
+            orchestrator,
+            operation: self,
             order: &order,
-            deadline: &deadline,
-            abandoned: &abandoned,
-            waterfall: &waterfall,
+            deadline,
+            abandoned: &self.abandoned,
+            waterfall: &self.waterfall,
         };
         let verdict = run.decide().await;
-        let record = self.record(created, verdict, &deadline, &abandoned).await;
-        Ok(Placed { record, waterfall })
+        let record = self.record(created, verdict).await;
+        Ok((placed(record), true))
     }
 
-    /// Writes the decision. If it cannot be written in time, the caller is told PENDING
+    /// How long a store write may take: until the answer is due, or the background limit
+    /// once the handler has answered without waiting for the operation.
+    fn limit(&self) -> TimeLimit {
+        if self.progress.answered() {
+            TimeLimit(self.orchestrator.config.store.background_timeout)
+        } else {
+            TimeLimit(self.orchestrator.budgeter.until_answer(&self.deadline))
+        }
+    }
+
+    /// Writes the decision. Its jobs are due no earlier than the caller's deadline (see the
+    /// module docs). If it cannot be written in time, the caller is told PENDING
     /// `BUDGET_EXHAUSTED`: the order's takeover job (written with RECEIVED) will finish it.
-    async fn record(
-        &self,
-        created: OrderRecord,
-        verdict: Verdict,
-        deadline: &Deadline,
-        abandoned: &CancellationToken,
-    ) -> OrderRecord {
-        let decision = verdict.into_decision(&created.order.order_id, now_ms());
-        if abandoned.is_cancelled() {
+    async fn record(&self, created: OrderRecord, verdict: Verdict) -> OrderRecord {
+        let store = &self.orchestrator.store;
+        let decision = verdict
+            .into_decision(&created.order.order_id, now_ms())
+            .not_before(self.deadline.at_epoch_ms());
+        if self.abandoned.is_cancelled() {
             // Nobody is waiting: take the time needed to make the abandonment durable.
             return self.record_abandonment(created, decision).await;
         }
-        match self
-            .store
-            .decide(&decision, self.request_limit(deadline))
-            .await
-        {
+        match store.decide(&decision, self.limit()).await {
             Ok(stored) => stored,
             Err(error) => {
                 tracing::warn!(order_id = %created.order.order_id, %error, "decision not recorded in time; the worker will finish the order");
                 let mut pending = created;
                 pending.status = OrderStatus::Pending;
                 pending.reason = Reason::BudgetExhausted.as_str().to_owned();
-                pending.retry_after_ms = Some(millis(self.config.retry_after.pending));
+                pending.retry_after_ms = Some(millis(self.orchestrator.config.retry_after.pending));
                 pending.total = decision.total.or(pending.total);
                 pending
             }
@@ -188,10 +328,11 @@ impl Orchestrator {
         created: OrderRecord,
         decision: crate::store::Decision,
     ) -> OrderRecord {
-        let limit = TimeLimit(self.config.store.background_timeout);
+        let store = &self.orchestrator.store;
+        let limit = TimeLimit(self.orchestrator.config.store.background_timeout);
         let mut delay = Duration::from_millis(100);
         for _ in 0..10 {
-            match self.store.decide(&decision, limit).await {
+            match store.decide(&decision, limit).await {
                 Ok(stored) => return stored,
                 Err(error) => {
                     tracing::warn!(order_id = %created.order.order_id, %error, "abandonment not recorded yet; retrying");
@@ -203,15 +344,12 @@ impl Orchestrator {
         tracing::error!(order_id = %created.order.order_id, "abandonment could not be recorded; the takeover job will resume the order");
         created
     }
-
-    fn request_limit(&self, deadline: &Deadline) -> TimeLimit {
-        TimeLimit(self.budgeter.until_answer(deadline))
-    }
 }
 
 /// One operation's walk through the steps.
 struct Run<'a> {
     orchestrator: &'a Orchestrator,
+    operation: &'a Operation,
     order: &'a NewOrder,
     deadline: &'a Deadline,
     abandoned: &'a CancellationToken,
@@ -364,11 +502,7 @@ impl Run<'_> {
         &self,
         total: &Money,
         items: Vec<inventory::Item>,
-    ) -> (
-        FraudResult,
-        InventoryResult,
-        Result<(), crate::store::StoreError>,
-    ) {
+    ) -> (FraudResult, InventoryResult, Result<(), StoreError>) {
         let fraud_cancel = self.abandoned.child_token();
         let inventory_cancel = self.abandoned.child_token();
         let fraud = async {
@@ -389,7 +523,7 @@ impl Run<'_> {
             &self.order.order_id,
             total,
             now_ms(),
-            self.orchestrator.request_limit(self.deadline),
+            self.operation.limit(),
         );
         tokio::join!(fraud, inventory, intent)
     }
@@ -474,11 +608,13 @@ impl Run<'_> {
                 minor_units: total.minor_units,
             }),
         };
+        let terms = HoldTerms::of(&request);
         let outcome = classify_hold(
             self.orchestrator
                 .downstreams
                 .hold(&budget, self.abandoned, request)
                 .await,
+            &terms,
         );
         self.waterfall.record(
             Step::WalletHold,

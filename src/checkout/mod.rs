@@ -11,6 +11,8 @@ mod verdict;
 pub use error::{CheckoutError, ERROR_DOMAIN, X_DEADLINE_EXCEEDED};
 pub use flow::{Orchestrator, Placed, frozen_cart, millis, outcome_of};
 pub use reason::Reason;
-pub use request::{FieldViolation, OrderRequest, X_CLIENT_ID, is_key, order_id};
+pub use request::{
+    FieldViolation, OrderRequest, X_CLIENT_ID, is_key, is_order_id, new_order_id, scope,
+};
 pub use service::{CheckoutApi, order_to_proto};
 pub use verdict::Verdict;

@@ -1,5 +1,5 @@
 //! A PlaceOrder request made safe to act on: every field validated (all violations reported at
-//! once), the idempotency scope read from `x-client-id`, the deterministic order id and the
+//! once), the idempotency scope read from `x-client-id`, a fresh random order id drawn, and the
 //! canonical request hash derived.
 
 use sha2::{Digest, Sha256};
@@ -33,6 +33,9 @@ impl FieldViolation {
 /// A validated PlaceOrder request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderRequest {
+    /// The id this request's order gets if the key is new: random, so it reveals nothing of the
+    /// scope or key, and a key reused after retention makes a new order with new references.
+    pub order_id: String,
     /// `<x-client-id>:checkout`.
     pub scope: String,
     /// The caller's key.
@@ -74,7 +77,7 @@ impl OrderRequest {
             violations.push(FieldViolation::new(
                 "idempotency_key",
                 if request.idempotency_key.is_empty() {
-                    "required".to_owned()
+                    "is required".to_owned()
                 } else {
                     "must be 1-64 characters of [A-Za-z0-9._:-]".to_owned()
                 },
@@ -108,6 +111,7 @@ impl OrderRequest {
             }
         });
         Self {
+            order_id: new_order_id(),
             scope,
             idempotency_key: request.idempotency_key,
             customer_id: request.customer_id,
@@ -115,11 +119,6 @@ impl OrderRequest {
             wallet_account_id: request.wallet_account_id,
             expected_total,
         }
-    }
-
-    /// The order id: deterministic from (scope, idempotency key).
-    pub fn order_id(&self) -> String {
-        order_id(&self.scope, &self.idempotency_key)
     }
 
     /// Hex SHA-256 over the fields that define the order (length-prefixed, so no two different
@@ -145,7 +144,7 @@ impl OrderRequest {
     /// The record `begin` writes.
     pub fn to_new_order(&self, deadline_ms: i64, now_ms: i64) -> NewOrder {
         NewOrder {
-            order_id: self.order_id(),
+            order_id: self.order_id.clone(),
             scope: self.scope.clone(),
             idempotency_key: self.idempotency_key.clone(),
             request_hash: self.request_hash(),
@@ -159,13 +158,18 @@ impl OrderRequest {
     }
 }
 
-/// `ord_` + 128 bits of SHA-256(scope, key).
-pub fn order_id(scope: &str, idempotency_key: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(scope.as_bytes());
-    h.update([0u8]);
-    h.update(idempotency_key.as_bytes());
-    format!("ord_{}", hex(&h.finalize()[..16]))
+/// A fresh order id: `ord_` + 128 random bits in hex.
+pub fn new_order_id() -> String {
+    format!("ord_{}", hex(&rand::random::<[u8; 16]>()))
+}
+
+/// Whether `s` has the form of an order id (`ord_` + 32 lowercase hex digits).
+pub fn is_order_id(s: &str) -> bool {
+    s.len() == 36
+        && s.starts_with("ord_")
+        && s[4..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// 1-64 characters of `[A-Za-z0-9._:-]`.
@@ -177,10 +181,10 @@ pub fn is_key(s: &str) -> bool {
 
 fn check_id(s: &str) -> Result<(), &'static str> {
     if s.trim().is_empty() {
-        return Err("required");
+        return Err("is required");
     }
     if s.len() > 128 {
-        return Err("at most 128 bytes");
+        return Err("must be at most 128 bytes");
     }
     if s.chars().any(char::is_control) {
         return Err("must not contain control characters");
@@ -207,18 +211,31 @@ mod tests {
     }
 
     #[test]
-    fn order_ids_depend_on_scope_and_key_only() {
+    fn order_ids_are_random_per_request_and_well_formed() {
         let mut v = vec![];
         let a = OrderRequest::parse("x:checkout".into(), request(), &mut v);
+        let b = OrderRequest::parse("x:checkout".into(), request(), &mut v);
         let mut other_cart = request();
         other_cart.cart_id = "cart-11".into();
-        let b = OrderRequest::parse("x:checkout".into(), other_cart, &mut v);
-        let c = OrderRequest::parse("y:checkout".into(), request(), &mut v);
+        let c = OrderRequest::parse("x:checkout".into(), other_cart, &mut v);
         assert!(v.is_empty());
-        assert_eq!(a.order_id(), b.order_id());
-        assert_ne!(a.order_id(), c.order_id());
-        assert_ne!(a.request_hash(), b.request_hash());
-        assert_eq!(a.order_id().len(), 36);
+        assert_ne!(
+            a.order_id, b.order_id,
+            "the same scope and key draw a new id"
+        );
+        assert_eq!(a.request_hash(), b.request_hash());
+        assert_ne!(a.request_hash(), c.request_hash());
+        assert!(is_order_id(&a.order_id), "{}", a.order_id);
+        for bad in [
+            "",
+            "ord_",
+            "ord_XYZ",
+            "order_0123",
+            &"ord_".repeat(9),
+            &a.order_id.to_uppercase(),
+        ] {
+            assert!(!is_order_id(bad), "{bad}");
+        }
     }
 
     #[test]

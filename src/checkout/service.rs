@@ -7,8 +7,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::request::scope;
-use super::{CheckoutError, FieldViolation, Orchestrator, OrderRequest, Reason, order_id};
+use super::{
+    CheckoutError, FieldViolation, Orchestrator, OrderRequest, Reason, is_key, is_order_id, scope,
+};
 use crate::budget::waterfall_duration;
 use crate::config::RetryAfterPolicy;
 use crate::deadline::ingest;
@@ -49,7 +50,7 @@ impl CheckoutService for CheckoutApi {
         };
         let span = tracing::info_span!(
             "PlaceOrder",
-            order_id = %order.order_id(),
+            order_id = %order.order_id,
             deadline_ms = deadline.granted().as_millis() as u64,
             deadline_source = deadline.source().as_str(),
         );
@@ -77,37 +78,40 @@ impl CheckoutService for CheckoutApi {
     ) -> Result<Response<pb::Order>, Status> {
         let mut violations = Vec::new();
         let scope = scope(request.metadata(), &mut violations);
-        let id = match request.into_inner().lookup {
-            Some(Lookup::OrderId(id)) if !id.is_empty() => id,
-            Some(Lookup::IdempotencyKey(key)) if super::is_key(&key) => order_id(&scope, &key),
-            Some(Lookup::IdempotencyKey(_)) => {
-                violations.push(FieldViolation::new(
-                    "idempotency_key",
-                    "must be 1-64 characters of [A-Za-z0-9._:-]",
-                ));
-                String::new()
-            }
-            _ => {
-                violations.push(FieldViolation::new(
-                    "lookup",
-                    "set order_id or idempotency_key",
-                ));
-                String::new()
-            }
-        };
-        if !violations.is_empty() {
-            return Err(CheckoutError::BadRequest(violations).into());
+        let lookup = request.into_inner().lookup;
+        match &lookup {
+            Some(Lookup::OrderId(id)) if is_order_id(id) => {}
+            Some(Lookup::OrderId(_)) => violations.push(FieldViolation::new(
+                "order_id",
+                "must be an order id: ord_ and 32 hex digits",
+            )),
+            Some(Lookup::IdempotencyKey(key)) if is_key(key) => {}
+            Some(Lookup::IdempotencyKey(_)) => violations.push(FieldViolation::new(
+                "idempotency_key",
+                "must be 1-64 characters of [A-Za-z0-9._:-]",
+            )),
+            None => violations.push(FieldViolation::new(
+                "lookup",
+                "set order_id or idempotency_key",
+            )),
         }
-        let record = self
-            .orchestrator
-            .store()
-            .get(&id)
-            .await
-            .map_err(|source| CheckoutError::StoreUnavailable {
-                source,
-                retry_after: self.orchestrator.config().retry_after.unavailable,
-            })?
-            .ok_or(CheckoutError::NotFound(id))?;
+        let (Some(lookup), true) = (lookup, violations.is_empty()) else {
+            return Err(CheckoutError::BadRequest(violations).into());
+        };
+        let store = self.orchestrator.store();
+        let read = match &lookup {
+            Lookup::OrderId(id) => store.get(id).await,
+            Lookup::IdempotencyKey(key) => store.find(&scope, key).await,
+        };
+        let record = read.map_err(|source| CheckoutError::StoreUnavailable {
+            source,
+            retry_after: self.orchestrator.config().retry_after.unavailable,
+        })?;
+        // Every read is scoped: another scope's order is reported as absent, so that its
+        // existence is not revealed.
+        let record = record
+            .filter(|r| r.order.scope == scope)
+            .ok_or(CheckoutError::NotFound)?;
         Ok(Response::new(order_to_proto(
             &record,
             &self.orchestrator.config().retry_after,

@@ -49,6 +49,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "{}",
         instructions(args.listen, args.stubs_listen, &args.data_dir)
     );
+    println!("{}", super::serve::admission_floor_line(&config));
     let served = super::serve::until_signal(listener, config, store).await;
     stubs.stop().await;
     served
@@ -74,7 +75,7 @@ grpcurl -plaintext -d '{{"idempotencyKey":"demo-2"}}' {o} checkout.v1.CheckoutSe
 grpcurl -plaintext -d '{{"service":"wallet","method":"Hold","behavior":{{}}}}' {s} stub.v1.StubControl/Configure
 
 # A deadline too short to start: DEADLINE_EXCEEDED with ErrorInfo DEADLINE_TOO_SHORT, nothing sent:
-grpcurl -plaintext -format-error -max-time 0.08 -d '{{"idempotencyKey":"demo-3","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
+grpcurl -plaintext -format-error -max-time 0.2 -d '{{"idempotencyKey":"demo-3","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
 
 # What the stubs saw (received budgets, cancellations, effects after deadline):
 grpcurl -plaintext -d '{{}}' {s} stub.v1.StubControl/GetStats

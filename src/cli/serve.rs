@@ -18,7 +18,8 @@ pub struct ServeArgs {
     /// Listen address.
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// All four downstream services at one address (a `checkout stubs` server), e.g. http://127.0.0.1:50052.
+    /// All four downstream services at one address (a `checkout stubs` server): host:port
+    /// (e.g. 127.0.0.1:50052) or http://host:port.
     #[arg(long)]
     downstream: Option<String>,
     /// Directory of the embedded SQLite store.
@@ -64,7 +65,34 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", config.listen))?;
     // One line on stdout with the bound address (useful with --listen 127.0.0.1:0).
     println!("checkout serving on {}", listener.local_addr()?);
+    println!("{}", admission_floor_line(&config));
     until_signal(listener, config, store).await
+}
+
+/// The effective admission floor and where it comes from, printed at start.
+pub(super) fn admission_floor_line(config: &Config) -> String {
+    let d = &config.deadline;
+    let s = &config.steps;
+    let ms = |d: std::time::Duration| d.as_millis();
+    format!(
+        "admission floor {} ms: PlaceOrder is refused DEADLINE_TOO_SHORT with less left; \
+         max(fast_fail_floor {} + return_reserve {}, shortest path {} = reserves {} + {} + \
+         min budgets cart {} + max(fraud {}, inventory {}) + wallet_hold {})",
+        ms(config.admission_floor()),
+        ms(d.fast_fail_floor),
+        ms(d.return_reserve),
+        ms(d.return_reserve
+            + d.record_reserve
+            + s.cart.min_budget
+            + s.fraud.min_budget.max(s.inventory.min_budget)
+            + s.wallet_hold.min_budget),
+        ms(d.return_reserve),
+        ms(d.record_reserve),
+        ms(s.cart.min_budget),
+        ms(s.fraud.min_budget),
+        ms(s.inventory.min_budget),
+        ms(s.wallet_hold.min_budget),
+    )
 }
 
 /// Serves the orchestrator until SIGINT/SIGTERM, then closes the store (SQLite checkpoints its

@@ -17,11 +17,12 @@ pub const REQUEST_DEADLINE_MS: &str = "request-deadline-ms";
 
 /// A deadline header that cannot be trusted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("malformed {header} {value:?}: {reason}")]
+#[error("is malformed ({reason}): {value:?}")]
 pub struct IngestError {
     /// The offending header.
     pub header: &'static str,
-    /// Its raw value (lossy for non-ASCII).
+    /// Its raw value (lossy for non-ASCII), cut to [`ECHO_LIMIT`] characters: a status message
+    /// never repeats more of a client's input than that.
     pub value: String,
     /// What is wrong with it.
     pub reason: String,
@@ -120,10 +121,17 @@ fn non_negative_integer(header: &'static str, raw: &str) -> Result<u64, IngestEr
     raw.parse().map_err(|_| malformed(header, raw, "too large"))
 }
 
+/// The most characters of a malformed value an error repeats.
+pub const ECHO_LIMIT: usize = 32;
+
 fn malformed(header: &'static str, value: &str, reason: impl ToString) -> IngestError {
+    let mut shown: String = value.chars().take(ECHO_LIMIT).collect();
+    if shown.len() < value.len() {
+        shown.push('…');
+    }
     IngestError {
         header,
-        value: value.to_owned(),
+        value: shown,
         reason: reason.to_string(),
     }
 }

@@ -20,6 +20,18 @@ pub enum CallClass {
     Cancelled,
 }
 
+impl CallClass {
+    /// The class as logs name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rejected => "rejected",
+            Self::Unavailable => "unavailable",
+            Self::Ambiguous => "ambiguous",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
 impl CallError {
     /// Classifies this failure.
     pub fn class(&self) -> CallClass {
@@ -97,8 +109,45 @@ pub enum HoldOutcome {
     Cancelled,
 }
 
-/// Classifies the result of a wallet Hold.
-pub fn classify_hold(result: Result<wallet::HoldResponse, CallError>) -> HoldOutcome {
+/// What a Hold asked for: a duplicate reference is a success only for the same terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldTerms {
+    /// The account held from.
+    pub account_id: String,
+    /// ISO 4217 code.
+    pub currency: String,
+    /// The amount in minor units.
+    pub minor_units: i64,
+}
+
+impl HoldTerms {
+    /// The terms of `request`.
+    pub fn of(request: &wallet::HoldRequest) -> Self {
+        let amount = request.amount.as_ref();
+        Self {
+            account_id: request.account_id.clone(),
+            currency: amount.map(|m| m.currency.clone()).unwrap_or_default(),
+            minor_units: amount.map_or(0, |m| m.minor_units),
+        }
+    }
+
+    /// Whether an existing hold's terms, as the wallet's `DUPLICATE_REFERENCE` ErrorInfo
+    /// metadata gives them (`account_id`, `currency`, `minor_units`), are these.
+    fn match_existing(&self, metadata: &std::collections::HashMap<String, String>) -> bool {
+        metadata.get("account_id") == Some(&self.account_id)
+            && metadata.get("currency") == Some(&self.currency)
+            && metadata.get("minor_units") == Some(&self.minor_units.to_string())
+    }
+}
+
+/// Classifies the result of a wallet Hold sent with `terms` (SPEC §5, §10): a duplicate
+/// reference is a success only when the existing hold has the same account and amount; a
+/// hold with other terms (or terms the wallet did not say) is not this order's, so it is a
+/// rejection — never a false CONFIRMED.
+pub fn classify_hold(
+    result: Result<wallet::HoldResponse, CallError>,
+    terms: &HoldTerms,
+) -> HoldOutcome {
     let error = match result {
         Ok(response) => {
             return HoldOutcome::Success {
@@ -117,7 +166,20 @@ pub fn classify_hold(result: Result<wallet::HoldResponse, CallError>) -> HoldOut
             .get("existing_hold_id")
             .cloned()
             .unwrap_or_default();
-        return HoldOutcome::Success { hold_id };
+        if terms.match_existing(&info.metadata) {
+            return HoldOutcome::Success { hold_id };
+        }
+        tracing::warn!(
+            %hold_id,
+            expected_account = %terms.account_id,
+            expected_currency = %terms.currency,
+            expected_minor_units = terms.minor_units,
+            existing_account = info.metadata.get("account_id").map_or("(not given)", String::as_str),
+            existing_currency = info.metadata.get("currency").map_or("(not given)", String::as_str),
+            existing_minor_units = info.metadata.get("minor_units").map_or("(not given)", String::as_str),
+            "the wallet has a hold under this reference with other terms: rejected"
+        );
+        return HoldOutcome::Rejected("DUPLICATE_REFERENCE".to_owned());
     }
     match error.class() {
         CallClass::Rejected => HoldOutcome::Rejected(match &error {
@@ -137,6 +199,35 @@ mod tests {
     use super::*;
     use tonic_types::{ErrorDetails, StatusExt};
 
+    fn terms() -> HoldTerms {
+        HoldTerms {
+            account_id: "a1".into(),
+            currency: "USD".into(),
+            minor_units: 1234,
+        }
+    }
+
+    fn classify_hold(result: Result<wallet::HoldResponse, CallError>) -> HoldOutcome {
+        super::classify_hold(result, &terms())
+    }
+
+    fn duplicate(account: &str, currency: &str, minor_units: &str) -> CallError {
+        CallError::Status(tonic::Status::with_error_details(
+            Code::AlreadyExists,
+            "x",
+            ErrorDetails::with_error_info(
+                "DUPLICATE_REFERENCE",
+                "wallet.v1",
+                [
+                    ("existing_hold_id".to_owned(), "hold-7".to_owned()),
+                    ("account_id".to_owned(), account.to_owned()),
+                    ("currency".to_owned(), currency.to_owned()),
+                    ("minor_units".to_owned(), minor_units.to_owned()),
+                ],
+            ),
+        ))
+    }
+
     fn status(code: Code, reason: Option<&str>) -> CallError {
         let status = match reason {
             Some(r) => tonic::Status::with_error_details(
@@ -154,12 +245,38 @@ mod tests {
     }
 
     #[test]
-    fn the_wallet_table_of_spec_section_5() {
+    fn a_duplicate_reference_is_success_only_for_the_same_account_and_amount() {
+        assert_eq!(
+            classify_hold(Err(duplicate("a1", "USD", "1234"))),
+            HoldOutcome::Success {
+                hold_id: "hold-7".into()
+            }
+        );
+        for (account, currency, amount) in [
+            ("a2", "USD", "1234"),
+            ("a1", "EUR", "1234"),
+            ("a1", "USD", "1235"),
+        ] {
+            assert_eq!(
+                classify_hold(Err(duplicate(account, currency, amount))),
+                HoldOutcome::Rejected("DUPLICATE_REFERENCE".into()),
+                "{account} {currency} {amount}"
+            );
+        }
+        // Terms the wallet did not say cannot be checked: not a success.
         assert_eq!(
             classify_hold(Err(status(
                 Code::AlreadyExists,
                 Some("DUPLICATE_REFERENCE")
             ))),
+            HoldOutcome::Rejected("DUPLICATE_REFERENCE".into())
+        );
+    }
+
+    #[test]
+    fn the_wallet_table_of_spec_section_5() {
+        assert_eq!(
+            classify_hold(Err(duplicate("a1", "USD", "1234"))),
             HoldOutcome::Success {
                 hold_id: "hold-7".into()
             }

@@ -12,11 +12,11 @@ mod classify;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-pub use call::CallError;
-pub use classify::{CallClass, HoldOutcome, classify_hold, error_reason};
+pub use call::{CallError, Rpc};
+pub use classify::{CallClass, HoldOutcome, HoldTerms, classify_hold, error_reason};
 
 use crate::budget::ChildBudget;
-use crate::config::{DownstreamAddrs, Steps};
+use crate::config::{DownstreamAddrs, Steps, downstream_uri};
 use crate::proto::{
     cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
 };
@@ -25,17 +25,10 @@ use fraud::fraud_service_client::FraudServiceClient;
 use inventory::inventory_service_client::InventoryServiceClient;
 use wallet::wallet_service_client::WalletServiceClient;
 
-/// A downstream address that is not a valid URI.
+/// A downstream address that cannot be used.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid {service} address {uri:?}: {source}")]
-pub struct AddressError {
-    /// Which service.
-    pub service: &'static str,
-    /// The address given.
-    pub uri: String,
-    /// Why it is invalid.
-    pub source: tonic::transport::Error,
-}
+#[error(transparent)]
+pub struct AddressError(#[from] crate::config::ConfigError);
 
 /// Shared clients of cart, fraud, inventory and wallet.
 #[derive(Debug, Clone)]
@@ -52,24 +45,26 @@ impl Downstreams {
     /// Builds one channel per service. Nothing connects until the first call, so the
     /// orchestrator starts (and answers structured results) while a downstream is down.
     pub fn connect_lazy(addrs: &DownstreamAddrs, steps: &Steps) -> Result<Self, AddressError> {
-        let channel = |service: &'static str, uri: &str, connect| {
-            Endpoint::from_shared(uri.to_owned())
-                .map(|e| {
-                    e.connect_timeout(connect)
-                        .tcp_nodelay(true)
-                        .http2_adaptive_window(true)
-                        .connect_lazy()
-                })
-                .map_err(|source| AddressError {
-                    service,
-                    uri: uri.to_owned(),
-                    source,
-                })
+        let channel = |key: &'static str, addr: &str, connect| -> Result<Channel, AddressError> {
+            let uri = downstream_uri(key, addr)?;
+            Ok(Endpoint::from(uri)
+                .connect_timeout(connect)
+                .tcp_nodelay(true)
+                .http2_adaptive_window(true)
+                .connect_lazy())
         };
-        let cart = channel("cart", &addrs.cart, steps.cart.connect)?;
-        let fraud = channel("fraud", &addrs.fraud, steps.fraud.connect)?;
-        let inventory = channel("inventory", &addrs.inventory, steps.inventory.connect)?;
-        let wallet = channel("wallet", &addrs.wallet, steps.wallet_hold.connect)?;
+        let cart = channel("downstream.cart", &addrs.cart, steps.cart.connect)?;
+        let fraud = channel("downstream.fraud", &addrs.fraud, steps.fraud.connect)?;
+        let inventory = channel(
+            "downstream.inventory",
+            &addrs.inventory,
+            steps.inventory.connect,
+        )?;
+        let wallet = channel(
+            "downstream.wallet",
+            &addrs.wallet,
+            steps.wallet_hold.connect,
+        )?;
         Ok(Self {
             channels: [
                 cart.clone(),
@@ -106,7 +101,7 @@ impl Downstreams {
         request: cart::FreezeCartRequest,
     ) -> Result<cart::FreezeCartResponse, CallError> {
         let mut client = self.cart.clone();
-        call::send(budget, cancel, request, |r| async move {
+        call::send(Rpc::CART_FREEZE, budget, cancel, request, |r| async move {
             client.freeze_cart(r).await
         })
         .await
@@ -120,12 +115,9 @@ impl Downstreams {
         request: fraud::ScoreRequest,
     ) -> Result<fraud::ScoreResponse, CallError> {
         let mut client = self.fraud.clone();
-        call::send(
-            budget,
-            cancel,
-            request,
-            |r| async move { client.score(r).await },
-        )
+        call::send(Rpc::FRAUD_SCORE, budget, cancel, request, |r| async move {
+            client.score(r).await
+        })
         .await
     }
 
@@ -137,9 +129,13 @@ impl Downstreams {
         request: inventory::ReserveRequest,
     ) -> Result<inventory::ReserveResponse, CallError> {
         let mut client = self.inventory.clone();
-        call::send(budget, cancel, request, |r| async move {
-            client.reserve(r).await
-        })
+        call::send(
+            Rpc::INVENTORY_RESERVE,
+            budget,
+            cancel,
+            request,
+            |r| async move { client.reserve(r).await },
+        )
         .await
     }
 
@@ -154,9 +150,13 @@ impl Downstreams {
         let request = inventory::CommitRequest {
             reference: reference.to_owned(),
         };
-        call::send(budget, cancel, request, |r| async move {
-            client.commit(r).await
-        })
+        call::send(
+            Rpc::INVENTORY_COMMIT,
+            budget,
+            cancel,
+            request,
+            |r| async move { client.commit(r).await },
+        )
         .await
     }
 
@@ -171,9 +171,13 @@ impl Downstreams {
         let request = inventory::ReleaseRequest {
             reference: reference.to_owned(),
         };
-        call::send(budget, cancel, request, |r| async move {
-            client.release(r).await
-        })
+        call::send(
+            Rpc::INVENTORY_RELEASE,
+            budget,
+            cancel,
+            request,
+            |r| async move { client.release(r).await },
+        )
         .await
     }
 
@@ -185,12 +189,9 @@ impl Downstreams {
         request: wallet::HoldRequest,
     ) -> Result<wallet::HoldResponse, CallError> {
         let mut client = self.wallet.clone();
-        call::send(
-            budget,
-            cancel,
-            request,
-            |r| async move { client.hold(r).await },
-        )
+        call::send(Rpc::WALLET_HOLD, budget, cancel, request, |r| async move {
+            client.hold(r).await
+        })
         .await
     }
 
@@ -205,9 +206,13 @@ impl Downstreams {
         let request = wallet::CaptureRequest {
             reference: reference.to_owned(),
         };
-        call::send(budget, cancel, request, |r| async move {
-            client.capture(r).await
-        })
+        call::send(
+            Rpc::WALLET_CAPTURE,
+            budget,
+            cancel,
+            request,
+            |r| async move { client.capture(r).await },
+        )
         .await
     }
 
@@ -222,9 +227,13 @@ impl Downstreams {
         let request = wallet::ReleaseRequest {
             reference: reference.to_owned(),
         };
-        call::send(budget, cancel, request, |r| async move {
-            client.release(r).await
-        })
+        call::send(
+            Rpc::WALLET_RELEASE,
+            budget,
+            cancel,
+            request,
+            |r| async move { client.release(r).await },
+        )
         .await
     }
 
@@ -239,9 +248,13 @@ impl Downstreams {
         let request = wallet::LookupByReferenceRequest {
             reference: reference.to_owned(),
         };
-        call::send(budget, cancel, request, |r| async move {
-            client.lookup_by_reference(r).await
-        })
+        call::send(
+            Rpc::WALLET_LOOKUP,
+            budget,
+            cancel,
+            request,
+            |r| async move { client.lookup_by_reference(r).await },
+        )
         .await
     }
 }

@@ -7,8 +7,8 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::{
-    Begin, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStatus,
-    OrderStore, Phase, StoreError, TimeLimit, sql,
+    Begin, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord,
+    OrderStatus, OrderStore, ParkedJob, Phase, StoreError, TimeLimit, sql,
 };
 
 /// The state of a job row.
@@ -19,15 +19,19 @@ enum JobState {
     Parked,
 }
 
-/// One job as stored (errors are not kept: nothing here reads them).
+/// One job as stored.
 #[derive(Debug, Clone)]
 struct JobRow {
     order_id: String,
     kind: JobKind,
     state: JobState,
     attempts: u32,
+    rejections: u32,
+    failing_since_ms: Option<i64>,
     run_at_ms: i64,
     lease_owner: Option<String>,
+    last_error: String,
+    updated_at_ms: i64,
 }
 
 /// Everything the store holds; one lock makes every method one transaction.
@@ -35,6 +39,8 @@ struct JobRow {
 struct State {
     /// Orders by id, `parked_jobs` left empty (derived from `jobs` on read).
     orders: HashMap<String, OrderRecord>,
+    /// Order ids by (scope, idempotency key): the unique key of an order's request.
+    keys: HashMap<(String, String), String>,
     /// Jobs by id; ids only grow, like an autoincrement key.
     jobs: BTreeMap<i64, JobRow>,
     /// Job ids by (order, kind): the unique key of a job.
@@ -81,7 +87,7 @@ impl State {
         }
     }
 
-    fn insert_job(&mut self, order_id: &str, kind: JobKind, run_at_ms: i64) {
+    fn insert_job(&mut self, order_id: &str, kind: JobKind, run_at_ms: i64, now_ms: i64) {
         self.last_job_id += 1;
         self.job_ids
             .insert((order_id.to_owned(), kind), self.last_job_id);
@@ -92,11 +98,48 @@ impl State {
                 kind,
                 state: JobState::Pending,
                 attempts: 0,
+                rejections: 0,
+                failing_since_ms: None,
                 run_at_ms,
                 lease_owner: None,
+                last_error: String::new(),
+                updated_at_ms: now_ms,
             },
         );
         self.pending.insert((run_at_ms, self.last_job_id));
+    }
+
+    /// Adds a job due at `run_at_ms`, or makes the order's job of that kind pending again at
+    /// that time with fresh counts (`reschedule`); a job left as it is otherwise.
+    fn add_job(
+        &mut self,
+        order_id: &str,
+        kind: JobKind,
+        run_at_ms: i64,
+        reschedule: bool,
+        now_ms: i64,
+    ) {
+        match self.job_id(order_id, kind) {
+            None => self.insert_job(order_id, kind, run_at_ms, now_ms),
+            Some(id) if reschedule => self.update_job(id, |existing| {
+                existing.state = JobState::Pending;
+                existing.run_at_ms = run_at_ms;
+                existing.attempts = 0;
+                existing.rejections = 0;
+                existing.failing_since_ms = None;
+                existing.lease_owner = None;
+                existing.updated_at_ms = now_ms;
+            }),
+            Some(_) => {}
+        }
+    }
+
+    /// The jobs of one order.
+    fn jobs_of<'a>(&'a self, order_id: &'a str) -> impl Iterator<Item = (i64, &'a JobRow)> + 'a {
+        JobKind::ALL.into_iter().filter_map(move |kind| {
+            let id = self.job_id(order_id, kind)?;
+            Some((id, self.jobs.get(&id)?))
+        })
     }
 
     /// [`OrderStore::decide`] inside the lock.
@@ -119,16 +162,13 @@ impl State {
                 order.hold_id.clone_from(&d.hold_id);
             }
             for job in &d.jobs {
-                match self.job_id(&d.order_id, job.kind) {
-                    None => self.insert_job(&d.order_id, job.kind, job.run_at_ms),
-                    Some(id) if job.reschedule => self.update_job(id, |existing| {
-                        existing.state = JobState::Pending;
-                        existing.run_at_ms = job.run_at_ms;
-                        existing.attempts = 0;
-                        existing.lease_owner = None;
-                    }),
-                    Some(_) => {}
-                }
+                self.add_job(
+                    &d.order_id,
+                    job.kind,
+                    job.run_at_ms,
+                    job.reschedule,
+                    d.at_ms,
+                );
             }
             for &kind in &d.complete {
                 if let Some(id) = self.job_id(&d.order_id, kind) {
@@ -171,12 +211,22 @@ impl OrderStore for MemoryStore {
         _limit: TimeLimit,
     ) -> Result<Begin, StoreError> {
         let mut state = self.lock()?;
+        let key = (order.scope.clone(), order.idempotency_key.clone());
+        if let Some(existing) = state.keys.get(&key).and_then(|id| state.record(id)) {
+            return Ok(Begin::Existing(existing));
+        }
         if let Some(existing) = state.record(&order.order_id) {
             return Ok(Begin::Existing(existing));
         }
         let record = sql::received(order);
         state.orders.insert(order.order_id.clone(), record.clone());
-        state.insert_job(&order.order_id, JobKind::DriveOrder, takeover_at_ms);
+        state.keys.insert(key, order.order_id.clone());
+        state.insert_job(
+            &order.order_id,
+            JobKind::DriveOrder,
+            takeover_at_ms,
+            order.created_at_ms,
+        );
         Ok(Begin::Created(record))
     }
 
@@ -211,6 +261,133 @@ impl OrderStore for MemoryStore {
         Ok(self.lock()?.record(order_id))
     }
 
+    async fn find(
+        &self,
+        scope: &str,
+        idempotency_key: &str,
+    ) -> Result<Option<OrderRecord>, StoreError> {
+        let state = self.lock()?;
+        Ok(state
+            .keys
+            .get(&(scope.to_owned(), idempotency_key.to_owned()))
+            .and_then(|id| state.record(id)))
+    }
+
+    async fn abandon(
+        &self,
+        order_id: &str,
+        at_ms: i64,
+        retry_after_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.lock()?;
+        let Some(order) = state.orders.get(order_id) else {
+            return Ok(false);
+        };
+        let started = state.jobs_of(order_id).any(|(_, job)| {
+            (job.state == JobState::Pending && job.lease_owner.is_some())
+                || (job.kind == JobKind::WalletCapture && job.state != JobState::Pending)
+        });
+        if order.status == OrderStatus::Declined || started {
+            return Ok(false);
+        }
+        let open: Vec<i64> = state
+            .jobs_of(order_id)
+            .filter(|(_, job)| job.state == JobState::Pending)
+            .map(|(id, _)| id)
+            .collect();
+        for id in open {
+            state.update_job(id, |job| {
+                job.state = JobState::Done;
+                job.updated_at_ms = at_ms;
+            });
+        }
+        for kind in [JobKind::WalletReconcile, JobKind::InventoryRelease] {
+            state.add_job(order_id, kind, at_ms, true, at_ms);
+        }
+        if let Some(order) = state.orders.get_mut(order_id) {
+            order.phase = Phase::Decided;
+            order.status = OrderStatus::Declined;
+            "CALLER_ABANDONED".clone_into(&mut order.reason);
+            order.retryable = true;
+            order.retry_after_ms = Some(retry_after_ms);
+            order.fraud_review = false;
+            order.updated_at_ms = at_ms;
+        }
+        Ok(true)
+    }
+
+    async fn list_parked(&self, after_id: i64, limit: usize) -> Result<Vec<ParkedJob>, StoreError> {
+        let state = self.lock()?;
+        Ok(state
+            .jobs
+            .range(after_id.saturating_add(1)..)
+            .filter(|(_, job)| job.state == JobState::Parked)
+            .take(limit)
+            .map(|(&id, job)| ParkedJob {
+                id,
+                order_id: job.order_id.clone(),
+                kind: job.kind,
+                attempts: job.attempts,
+                rejections: job.rejections,
+                last_error: job.last_error.clone(),
+                parked_at_ms: job.updated_at_ms,
+                failing_since_ms: job.failing_since_ms,
+            })
+            .collect())
+    }
+
+    async fn retry_parked(
+        &self,
+        order_id: Option<&str>,
+        now_ms: i64,
+        retry_after_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let mut state = self.lock()?;
+        let parked: Vec<(i64, String)> = state
+            .jobs
+            .iter()
+            .filter(|(_, job)| {
+                job.state == JobState::Parked && order_id.is_none_or(|id| job.order_id == id)
+            })
+            .map(|(&id, job)| (id, job.order_id.clone()))
+            .collect();
+        for (id, _) in &parked {
+            state.update_job(*id, |job| {
+                job.state = JobState::Pending;
+                job.run_at_ms = now_ms;
+                job.attempts = 0;
+                job.rejections = 0;
+                job.failing_since_ms = None;
+                job.lease_owner = None;
+                job.updated_at_ms = now_ms;
+            });
+        }
+        let orders: BTreeSet<String> = parked.iter().map(|(_, o)| o.clone()).collect();
+        for order_id in orders {
+            let pending_kind = |kind| {
+                state
+                    .jobs_of(&order_id)
+                    .any(|(_, job)| job.kind == kind && job.state == JobState::Pending)
+            };
+            let reason = if pending_kind(JobKind::WalletReconcile) {
+                "WALLET_OUTCOME_UNKNOWN"
+            } else if pending_kind(JobKind::FraudRescore) {
+                "FRAUD_REVIEW"
+            } else {
+                "BUDGET_EXHAUSTED"
+            };
+            if let Some(order) = state.orders.get_mut(&order_id)
+                && order.status == OrderStatus::Pending
+                && order.reason == "PARKED"
+            {
+                reason.clone_into(&mut order.reason);
+                order.retry_after_ms = Some(retry_after_ms);
+                order.updated_at_ms = now_ms;
+            }
+        }
+        Ok(parked.len() as u64)
+    }
+
     async fn claim_due(
         &self,
         owner: &str,
@@ -237,6 +414,8 @@ impl OrderStore for MemoryStore {
                     order_id: job.order_id.clone(),
                     kind: job.kind,
                     attempts: job.attempts,
+                    rejections: job.rejections,
+                    failing_since_ms: job.failing_since_ms,
                     lease_owner: owner.to_owned(),
                     lease_until_ms,
                 });
@@ -275,17 +454,28 @@ impl OrderStore for MemoryStore {
                 }
             }
             JobOutcome::RetryAt {
-                run_at_ms, failed, ..
+                run_at_ms,
+                failure,
+                error,
+                at_ms,
             } => state.update_job(job.id, |row| {
                 row.lease_owner = None;
                 row.run_at_ms = *run_at_ms;
-                row.attempts += u32::from(*failed);
+                row.attempts += u32::from(failure.failed());
+                row.rejections += u32::from(*failure == Failure::Rejection);
+                if *failure == Failure::Transient {
+                    row.failing_since_ms.get_or_insert(*at_ms);
+                }
+                row.last_error.clone_from(error);
+                row.updated_at_ms = *at_ms;
             }),
-            JobOutcome::Park { at_ms, .. } => {
+            JobOutcome::Park { at_ms, error } => {
                 state.update_job(job.id, |row| {
                     row.lease_owner = None;
                     row.state = JobState::Parked;
                     row.attempts += 1;
+                    row.last_error.clone_from(error);
+                    row.updated_at_ms = *at_ms;
                 });
                 let order_id = job.order_id.clone();
                 if let Some(order) = state.orders.get_mut(&order_id)
@@ -304,6 +494,7 @@ impl OrderStore for MemoryStore {
         let mut state = self.lock()?;
         let State {
             orders,
+            keys,
             jobs,
             job_ids,
             pending,
@@ -323,7 +514,9 @@ impl OrderStore for MemoryStore {
             .map(|o| o.order.order_id.clone())
             .collect();
         for order_id in &purgeable {
-            orders.remove(order_id);
+            if let Some(order) = orders.remove(order_id) {
+                keys.remove(&(order.order.scope, order.order.idempotency_key));
+            }
         }
         jobs.retain(|_, j| orders.contains_key(&j.order_id));
         pending.retain(|(_, id)| jobs.contains_key(id));

@@ -7,7 +7,12 @@
 //! transaction (an outbox). `begin` also writes a `drive_order` takeover job due shortly after
 //! the caller's deadline, so an order whose process died mid-flight is found and finished by a
 //! worker without any scan. Jobs are leased (one worker at a time), retried with backoff by the
-//! worker, and parked — never dropped — after `max_attempts`.
+//! worker, and parked — never dropped — after `max_attempts` definitive rejections or
+//! `park_after` of transient failures; an operator re-queues parked jobs
+//! ([`OrderStore::retry_parked`]).
+//!
+//! Order ids are random per order, and the idempotency key is unique per scope: a key reused
+//! after its order was purged makes a new order, with new wallet and inventory references.
 //!
 //! # Layout
 //! - [`MemoryStore`] (`memory.rs`): the reference semantics, in process memory.
@@ -42,8 +47,8 @@ mod sqlite;
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 pub use records::{
-    Begin, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewJob, NewOrder, OrderRecord,
-    OrderStatus, Phase, StoreError, TimeLimit,
+    Begin, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewJob, NewOrder,
+    OrderRecord, OrderStatus, ParkedJob, Phase, StoreError, TimeLimit,
 };
 pub use sqlite::SqliteStore;
 
@@ -101,8 +106,8 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn OrderStore>, StoreErro
 #[async_trait]
 pub trait OrderStore: Send + Sync + 'static {
     /// Records a new order as RECEIVED (status PENDING, reason IN_PROGRESS) together with its
-    /// `drive_order` takeover job due at `takeover_at_ms`; or, if the order id exists, returns
-    /// the stored record untouched.
+    /// `drive_order` takeover job due at `takeover_at_ms`; or, if its scope already has an
+    /// order with this idempotency key, returns that stored record untouched.
     async fn begin(
         &self,
         order: &NewOrder,
@@ -132,6 +137,27 @@ pub trait OrderStore: Send + Sync + 'static {
     /// Reads one order, with the kinds of its parked jobs.
     async fn get(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError>;
 
+    /// Reads the order of `scope` with `idempotency_key`, if one is stored.
+    async fn find(
+        &self,
+        scope: &str,
+        idempotency_key: &str,
+    ) -> Result<Option<OrderRecord>, StoreError>;
+
+    /// The caller left before hearing the answer of an order it may already have been decided
+    /// for: unless its capture has started (a capture job done, parked or leased, or any of its
+    /// jobs leased), the order becomes DECLINED `CALLER_ABANDONED` (retryable, advice
+    /// `retry_after_ms`), its pending jobs are cancelled (marked done), and a
+    /// `wallet_reconcile` (which releases any hold it finds) and an `inventory_release` are
+    /// due at `at_ms`. Returns whether this call abandoned it; false if it was DECLINED
+    /// already, unknown, or too far along.
+    async fn abandon(
+        &self,
+        order_id: &str,
+        at_ms: i64,
+        retry_after_ms: i64,
+    ) -> Result<bool, StoreError>;
+
     /// Leases up to `limit` due jobs to `owner` until `lease_until_ms`: pending jobs whose
     /// `run_at` has passed (a crashed worker's lease simply expires). On PostgreSQL concurrent
     /// claimers never receive the same job (`FOR UPDATE SKIP LOCKED`).
@@ -147,6 +173,21 @@ pub trait OrderStore: Send + Sync + 'static {
     /// lost to another worker in the meantime. `JobOutcome::Done` may carry a decision for the
     /// job's order, applied in the same transaction under the rules of [`OrderStore::decide`].
     async fn finish_job(&self, job: &Job, outcome: &JobOutcome) -> Result<bool, StoreError>;
+
+    /// Parked jobs with an id above `after_id`, lowest id first, at most `limit`.
+    async fn list_parked(&self, after_id: i64, limit: usize) -> Result<Vec<ParkedJob>, StoreError>;
+
+    /// Re-queues parked jobs (all of them, or those of one order) due at `now_ms`, with their
+    /// failure counts cleared. A PENDING order left with no parked job gets back the reason
+    /// its open jobs stand for (`WALLET_OUTCOME_UNKNOWN`, `FRAUD_REVIEW`, else
+    /// `BUDGET_EXHAUSTED`) and the advice `retry_after_ms`. Returns how many jobs it
+    /// re-queued.
+    async fn retry_parked(
+        &self,
+        order_id: Option<&str>,
+        now_ms: i64,
+        retry_after_ms: i64,
+    ) -> Result<u64, StoreError>;
 
     /// Deletes orders that are CONFIRMED or DECLINED, last updated before `before_ms`, and have
     /// no pending job; with their jobs. Returns how many orders were purged.

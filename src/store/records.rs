@@ -104,7 +104,8 @@ impl Phase {
 /// What `begin` records for a new order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewOrder {
-    /// Deterministic from (scope, idempotency key).
+    /// Random per order (`ord_` + 32 hex digits): also the wallet and inventory reference, so
+    /// a key reused after retention is a new order with new references.
     pub order_id: String,
     /// `<x-client-id>:checkout`.
     pub scope: String,
@@ -192,6 +193,18 @@ pub struct Decision {
     pub at_ms: i64,
 }
 
+impl Decision {
+    /// Makes every job due no earlier than `epoch_ms`. The request path passes the caller's
+    /// deadline: until then the caller may still leave before hearing the answer, and an
+    /// abandoned order must never have been captured.
+    pub fn not_before(mut self, epoch_ms: i64) -> Self {
+        for job in &mut self.jobs {
+            job.run_at_ms = job.run_at_ms.max(epoch_ms);
+        }
+        self
+    }
+}
+
 /// The kinds of background work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum JobKind {
@@ -266,8 +279,14 @@ pub struct Job {
     pub order_id: String,
     /// What to do.
     pub kind: JobKind,
-    /// Failed attempts so far (0 = this is the first attempt).
+    /// Failed attempts so far, of any kind (0 = this is the first attempt): the backoff's
+    /// exponent.
     pub attempts: u32,
+    /// Of those, definitive rejections: what `worker.max_attempts` counts.
+    pub rejections: u32,
+    /// When the job first failed transiently (epoch ms), if it has: after `worker.park_after`
+    /// of transient failures it parks.
+    pub failing_since_ms: Option<i64>,
     /// Who holds the lease.
     pub lease_owner: String,
     /// The lease token: the lease is lost if another claim changed it.
@@ -279,15 +298,16 @@ pub struct Job {
 pub enum JobOutcome {
     /// Finished; optionally decides the order in the same transaction.
     Done(Option<Decision>),
-    /// Try again at `run_at_ms`. `failed` counts a failed attempt (toward parking); a wait that
-    /// is not a failure (settle window, spent retry budget) does not.
+    /// Try again at `run_at_ms`; `failure` says what the attempt counts as.
     RetryAt {
         /// Not before, epoch ms.
         run_at_ms: i64,
-        /// Counts toward `max_attempts`.
-        failed: bool,
+        /// A failure (transient or a rejection), or a wait that is none.
+        failure: Failure,
         /// What went wrong, for operators.
         error: String,
+        /// Now, epoch ms (starts `failing_since_ms` on a first transient failure).
+        at_ms: i64,
     },
     /// Give up until an operator looks: kept, counted, listed on the order. If the order is
     /// PENDING its reason becomes `PARKED`.
@@ -299,12 +319,52 @@ pub enum JobOutcome {
     },
 }
 
+/// What a job attempt that will be retried counts as (SPEC §10, worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Not a failure: a wait (settle window, spent retry budget, a stopping worker).
+    Wait,
+    /// The downstream could not answer (unavailable, ambiguous, timed out): retried until it
+    /// recovers, parked only after `worker.park_after` of nothing but such failures.
+    Transient,
+    /// The downstream refused definitively: counts toward `worker.max_attempts`.
+    Rejection,
+}
+
+impl Failure {
+    /// Whether the attempt failed at all (the backoff grows).
+    pub fn failed(self) -> bool {
+        !matches!(self, Self::Wait)
+    }
+}
+
+/// A parked job, as operators list it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkedJob {
+    /// Row id (the listing's cursor).
+    pub id: i64,
+    /// Its order.
+    pub order_id: String,
+    /// What it does.
+    pub kind: JobKind,
+    /// Failed attempts, of any kind.
+    pub attempts: u32,
+    /// Of those, definitive rejections.
+    pub rejections: u32,
+    /// The last error.
+    pub last_error: String,
+    /// When it was parked, epoch ms.
+    pub parked_at_ms: i64,
+    /// When it first failed transiently, if it did.
+    pub failing_since_ms: Option<i64>,
+}
+
 /// Counts for operators.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct JobStats {
     /// Jobs waiting to run.
     pub pending: u64,
-    /// Jobs parked after `max_attempts`.
+    /// Jobs parked (after `max_attempts` rejections or `park_after` of transient failures).
     pub parked: u64,
     /// Jobs finished (until purged with their order).
     pub done: u64,

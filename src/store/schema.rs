@@ -23,6 +23,11 @@ const SQLITE: &[Embedded] = &[
         "job indexes",
         include_str!("migrations/sqlite/0002_job_indexes.sql"),
     ),
+    (
+        3,
+        "random order ids and parking",
+        include_str!("migrations/sqlite/0003_random_order_ids_and_parking.sql"),
+    ),
 ];
 
 /// PostgreSQL migrations, oldest first.
@@ -36,6 +41,11 @@ const POSTGRES: &[Embedded] = &[
         2,
         "job indexes",
         include_str!("migrations/postgres/0002_job_indexes.sql"),
+    ),
+    (
+        3,
+        "random order ids and parking",
+        include_str!("migrations/postgres/0003_random_order_ids_and_parking.sql"),
     ),
 ];
 

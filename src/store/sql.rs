@@ -40,6 +40,27 @@ macro_rules! select_order_sql {
 }
 pub(super) use select_order_sql;
 
+/// [`select_orders_sql`] of the order of one scope with one idempotency key, given as the
+/// parameters named (e.g. `"$2"`, `"$3"`).
+macro_rules! select_order_by_key_sql {
+    ($aggregate:literal, $scope:literal, $key:literal) => {
+        concat!(
+            $crate::store::sql::select_orders_sql!($aggregate),
+            " WHERE o.scope = ",
+            $scope,
+            " AND o.idempotency_key = ",
+            $key
+        )
+    };
+}
+pub(super) use select_order_by_key_sql;
+
+/// The `ON CONFLICT (order_id, kind) DO` action of a job insert that reschedules: the order's
+/// job of that kind is made pending again at the new time, with fresh counts and no lease.
+pub(super) const RESCHEDULE_JOB: &str = "UPDATE SET state = 'pending', \
+     run_at_ms = excluded.run_at_ms, attempts = 0, rejections = 0, failing_since_ms = NULL, \
+     lease_owner = NULL, updated_at_ms = excluded.updated_at_ms";
+
 /// The lease condition every `finish_job` statement carries: `$1` id, `$2` owner, `$3` the
 /// lease token (`run_at_ms` as set by the claim).
 macro_rules! while_leased {
@@ -61,12 +82,14 @@ macro_rules! finish_done_sql {
 pub(super) use {finish_done_sql, while_leased};
 
 /// Hands a leased job back for a later attempt. `$4` next run, `$5` 1 if the attempt failed
-/// else 0, `$6` error text.
+/// else 0, `$6` error text, `$7` 1 if it was a definitive rejection else 0, `$8` now if it
+/// failed transiently else NULL (starts `failing_since_ms`).
 macro_rules! finish_retry_sql {
     () => {
         concat!(
             "UPDATE jobs SET run_at_ms = $4, lease_owner = NULL, attempts = attempts + $5, ",
-            "last_error = $6",
+            "last_error = $6, rejections = rejections + $7, ",
+            "failing_since_ms = COALESCE(failing_since_ms, $8)",
             $crate::store::sql::while_leased!()
         )
     };
@@ -113,12 +136,83 @@ pub(super) const PURGE_BATCH: &str = purge_batch_sql!();
 /// Orders deleted per purge statement, so a large backlog never holds the write lock long.
 pub(super) const PURGE_BATCH_SIZE: i64 = 500;
 
+/// Cancels the jobs of an order abandoned by its caller (`$1`, at `$2`): every pending job is
+/// marked done. Runs only after [`ABANDON_ORDER`] changed the order.
+pub(super) const ABANDON_JOBS: &str = "UPDATE jobs SET state = 'done', lease_owner = NULL, updated_at_ms = $2 \
+     WHERE order_id = $1 AND state = 'pending'";
+
+/// Declines order `$1` as abandoned by its caller at `$2` (retry advice `$3` ms; `$4` true and
+/// `$5` false, bound so each backend stores its own boolean), unless it is DECLINED already or
+/// its capture has started: a capture job done or parked, or any of its jobs leased by a
+/// worker.
+pub(super) const ABANDON_ORDER: &str = "UPDATE orders SET phase = 'DECIDED', \
+     status = 'DECLINED', reason = 'CALLER_ABANDONED', retryable = $4, retry_after_ms = $3, \
+     fraud_review = $5, updated_at_ms = $2 \
+     WHERE order_id = $1 AND status <> 'DECLINED' \
+     AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.order_id = $1 \
+     AND ((j.state = 'pending' AND j.lease_owner IS NOT NULL) \
+     OR (j.kind = 'wallet_capture' AND j.state <> 'pending')))";
+
+/// The compensations of an abandoned order (`$1`, due at `$2`): a reconcile that releases any
+/// hold it finds, and an inventory release.
+pub(super) const ABANDON_COMPENSATIONS: &str = concat!(
+    "INSERT INTO jobs (order_id, kind, state, attempts, run_at_ms, created_at_ms, updated_at_ms) ",
+    "VALUES ($1, 'wallet_reconcile', 'pending', 0, $2, $2, $2), ",
+    "($1, 'inventory_release', 'pending', 0, $2, $2, $2) ",
+    "ON CONFLICT (order_id, kind) DO UPDATE SET state = 'pending', ",
+    "run_at_ms = excluded.run_at_ms, attempts = 0, rejections = 0, failing_since_ms = NULL, ",
+    "lease_owner = NULL, updated_at_ms = excluded.updated_at_ms"
+);
+
+/// Parked jobs with an id above `$1`, lowest first, at most `$2`.
+pub(super) const LIST_PARKED: &str = "SELECT id, order_id, kind, attempts, rejections, \
+     COALESCE(last_error, '') AS last_error, updated_at_ms, failing_since_ms FROM jobs \
+     WHERE state = 'parked' AND id > $1 ORDER BY id LIMIT $2";
+
+/// Re-queues the parked jobs (of order `$2`, or all when `$2` is NULL) due at `$1`, with their
+/// failure counts cleared.
+pub(super) const RETRY_PARKED_JOBS: &str = "UPDATE jobs SET state = 'pending', run_at_ms = $1, \
+     attempts = 0, rejections = 0, failing_since_ms = NULL, lease_owner = NULL, \
+     updated_at_ms = $1 WHERE state = 'parked' AND ($2 IS NULL OR order_id = $2)";
+
+/// After [`RETRY_PARKED_JOBS`]: a PENDING `PARKED` order (of order `$2`, or any) that has no
+/// parked job left gets back the reason its open jobs stand for, and the advice `$3` ms.
+pub(super) const RETRY_PARKED_ORDERS: &str = "UPDATE orders SET reason = CASE \
+     WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.order_id = orders.order_id \
+     AND j.kind = 'wallet_reconcile' AND j.state = 'pending') THEN 'WALLET_OUTCOME_UNKNOWN' \
+     WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.order_id = orders.order_id \
+     AND j.kind = 'fraud_rescore' AND j.state = 'pending') THEN 'FRAUD_REVIEW' \
+     ELSE 'BUDGET_EXHAUSTED' END, retry_after_ms = $3, updated_at_ms = $1 \
+     WHERE status = 'PENDING' AND reason = 'PARKED' AND ($2 IS NULL OR order_id = $2) \
+     AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.order_id = orders.order_id \
+     AND j.state = 'parked')";
+
 /// Counts for [`JobStats`], in field order.
 pub(super) const STATS: &str = "SELECT \
      (SELECT COUNT(*) FROM jobs WHERE state = 'pending') AS pending, \
      (SELECT COUNT(*) FROM jobs WHERE state = 'parked') AS parked, \
      (SELECT COUNT(*) FROM jobs WHERE state = 'done') AS done, \
      (SELECT COUNT(*) FROM orders WHERE status = 'PENDING') AS orders_pending";
+
+/// A parked job from a [`LIST_PARKED`] row.
+pub(super) fn parked_from_row<R>(row: &R) -> Result<super::ParkedJob, StoreError>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(super::ParkedJob {
+        id: column(row, "id")?,
+        order_id: column(row, "order_id")?,
+        kind: JobKind::parse(&column::<_, String>(row, "kind")?)?,
+        attempts: non_negative(column(row, "attempts")?, "jobs.attempts")?,
+        rejections: non_negative(column(row, "rejections")?, "jobs.rejections")?,
+        last_error: column(row, "last_error")?,
+        parked_at_ms: column(row, "updated_at_ms")?,
+        failing_since_ms: column(row, "failing_since_ms")?,
+    })
+}
 
 /// The record `begin` creates: what the insert wrote, without reading it back.
 pub(super) fn received(order: &NewOrder) -> OrderRecord {

@@ -12,7 +12,7 @@ use crate::checkout::{Reason, Verdict, frozen_cart, millis};
 use crate::config::Config;
 use crate::deadline::{Deadline, now_ms};
 use crate::downstream::{
-    CallClass, CallError, Downstreams, HoldOutcome, classify_hold, error_reason,
+    CallClass, CallError, Downstreams, HoldOutcome, HoldTerms, classify_hold, error_reason,
 };
 use crate::proto::{
     cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
@@ -36,10 +36,14 @@ pub enum Handled {
 /// Why an attempt failed.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
-    /// Worth retrying after backoff.
+    /// The downstream could not answer (unavailable, ambiguous, timed out): retried until it
+    /// recovers; parks only after `worker.park_after` of such failures.
     #[error("{0}")]
     Transient(String),
-    /// Retrying cannot help: park for an operator now.
+    /// The downstream refused definitively: retried, parked after `worker.max_attempts`.
+    #[error("{0}")]
+    Rejected(String),
+    /// An inconsistency no retry can mend: park for an operator now.
     #[error("{0}")]
     Permanent(String),
     /// The worker is stopping: try again soon, not a failure.
@@ -51,7 +55,10 @@ impl JobError {
     fn call(what: &str, error: &CallError) -> Self {
         match error.class() {
             CallClass::Cancelled => Self::Stopping,
-            _ => Self::Transient(format!("{what}: {error}")),
+            CallClass::Rejected => Self::Rejected(format!("{what}: {error}")),
+            CallClass::Unavailable | CallClass::Ambiguous => {
+                Self::Transient(format!("{what}: {error}"))
+            }
         }
     }
 }
@@ -227,10 +234,12 @@ impl Attempt<'_> {
                 minor_units: total.minor_units,
             }),
         };
+        let terms = HoldTerms::of(&request);
         let outcome = classify_hold(
             self.downstreams
                 .hold(&self.budget(Step::WalletHold)?, self.stop, request)
                 .await,
+            &terms,
         );
         let declined = |reason| {
             Verdict::because(reason, policy)
@@ -424,7 +433,7 @@ fn score_request(order: &OrderRecord, total: &Money) -> fraud::ScoreRequest {
 }
 
 /// A compensation or completion call: done on success or on a code that means "nothing to do";
-/// a definitive refusal needs an operator; anything else is retried.
+/// a definitive refusal counts toward `max_attempts`; anything else is retried.
 fn settle<T>(
     what: &str,
     result: Result<T, CallError>,
@@ -433,9 +442,6 @@ fn settle<T>(
     match result {
         Ok(_) => Ok(Handled::Done(None)),
         Err(e) if e.code().is_some_and(|c| nothing_to_do.contains(&c)) => Ok(Handled::Done(None)),
-        Err(e) if e.class() == CallClass::Rejected => {
-            Err(JobError::Permanent(format!("{what}: {e}")))
-        }
         Err(e) => Err(JobError::call(what, &e)),
     }
 }

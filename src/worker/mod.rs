@@ -1,8 +1,12 @@
 //! The background worker: the one layer that retries. It leases due jobs from the store, runs
 //! one attempt of each under `worker.attempt_timeout`, and writes the outcome — done (maybe
-//! with the order's decision), retry after full-jitter backoff, or parked after
-//! `max_attempts`. Retries spend the [`RetryBudget`]; when it is spent they wait. Terminal
-//! orders past retention are purged here too.
+//! with the order's decision), or retried after full-jitter backoff. A downstream that cannot
+//! answer (unavailable, ambiguous, timed out) is retried until it recovers: such a job parks
+//! only after `worker.park_after` of nothing but transient failures. `worker.max_attempts`
+//! counts definitive rejections; an inconsistency no retry can mend parks at once. Retries
+//! spend a [`RetryBudget`] — compensations (releases) their own, so they never starve behind
+//! captures during an outage; when a budget is spent its retries wait. Terminal orders past
+//! retention are purged here too.
 
 mod backoff;
 mod jobs;
@@ -26,7 +30,7 @@ use crate::checkout::millis;
 use crate::config::Config;
 use crate::deadline::{Deadline, now_ms};
 use crate::downstream::Downstreams;
-use crate::store::{Job, JobOutcome, OrderStore};
+use crate::store::{Failure, Job, JobKind, JobOutcome, OrderRecord, OrderStatus, OrderStore};
 
 /// Works jobs until stopped.
 pub struct Worker {
@@ -34,7 +38,10 @@ pub struct Worker {
     budgeter: Budgeter,
     downstreams: Downstreams,
     store: Arc<dyn OrderStore>,
+    /// Retries of the jobs that move orders forward (captures, commits, re-scores, drives).
     retry_budget: Arc<RetryBudget>,
+    /// Retries of compensations (releases), apart, so an outage of captures cannot spend them.
+    compensation_budget: Arc<RetryBudget>,
     /// Lease owner name: unique per process, so replicas never mistake each other's leases.
     owner: String,
 }
@@ -51,6 +58,7 @@ impl Worker {
         Self {
             budgeter: Budgeter::new(&config),
             retry_budget: Arc::new(RetryBudget::new(&config.retry_budget)),
+            compensation_budget: Arc::new(RetryBudget::new(&config.retry_budget)),
             config,
             downstreams,
             store,
@@ -58,9 +66,27 @@ impl Worker {
         }
     }
 
-    /// The retry budget's counters (shared with the operator API).
-    pub fn retry_budget(&self) -> Arc<RetryBudget> {
-        Arc::clone(&self.retry_budget)
+    /// The retry budgets (forward work, compensations), shared with the operator API.
+    pub fn retry_budgets(&self) -> [Arc<RetryBudget>; 2] {
+        [
+            Arc::clone(&self.retry_budget),
+            Arc::clone(&self.compensation_budget),
+        ]
+    }
+
+    /// The budget a job's retries spend: compensations have their own.
+    fn budget_for(&self, kind: JobKind, order: Option<&OrderRecord>) -> &RetryBudget {
+        let compensation = match kind {
+            JobKind::WalletRelease | JobKind::InventoryRelease => true,
+            // Reconciling a declined order's hold releases it.
+            JobKind::WalletReconcile => order.is_some_and(|o| o.status == OrderStatus::Declined),
+            _ => false,
+        };
+        if compensation {
+            &self.compensation_budget
+        } else {
+            &self.retry_budget
+        }
     }
 
     /// Claims and works jobs until `stop` fires, then lets attempts in flight end (each is bounded
@@ -132,35 +158,44 @@ impl Worker {
     /// One attempt of one leased job, and its outcome written back.
     pub async fn work(&self, job: Job, stop: &CancellationToken) {
         let policy = &self.config.worker;
-        if job.attempts > 0 && !self.retry_budget.try_retry() {
+        let order = match self.store.get(&job.order_id).await {
+            Ok(Some(order)) => order,
+            // Purged with its order: nothing left to do.
+            Ok(None) => {
+                self.finish(&job, &JobOutcome::Done(None)).await;
+                return;
+            }
+            Err(e) => {
+                let error = JobError::Transient(format!("reading the order: {e}"));
+                let outcome = self.after_failure(&job, error, now_ms());
+                self.finish(&job, &outcome).await;
+                return;
+            }
+        };
+        let budget = self.budget_for(job.kind, Some(&order));
+        if job.attempts > 0 && !budget.try_retry() {
+            let now = now_ms();
             let outcome = JobOutcome::RetryAt {
-                run_at_ms: now_ms()
-                    + millis(jobs::BUDGET_WAIT)
-                    + i64::from(rand::random::<u16>() % 500),
-                failed: false,
+                run_at_ms: now + millis(jobs::BUDGET_WAIT) + i64::from(rand::random::<u16>() % 500),
+                failure: Failure::Wait,
                 error: "retry budget spent; waiting".into(),
+                at_ms: now,
             };
             self.finish(&job, &outcome).await;
             return;
         }
         if job.attempts == 0 {
-            self.retry_budget.first_attempt();
+            budget.first_attempt();
         }
-        let handled = match self.store.get(&job.order_id).await {
-            Ok(Some(order)) => {
-                let attempt = Attempt {
-                    downstreams: &self.downstreams,
-                    store: self.store.as_ref(),
-                    config: &self.config,
-                    budgeter: &self.budgeter,
-                    deadline: Deadline::after(policy.attempt_timeout),
-                    stop,
-                };
-                attempt.run(job.kind, &order).await
-            }
-            Ok(None) => Ok(Handled::Done(None)), // Purged with its order.
-            Err(e) => Err(JobError::Transient(format!("reading the order: {e}"))),
+        let attempt = Attempt {
+            downstreams: &self.downstreams,
+            store: self.store.as_ref(),
+            config: &self.config,
+            budgeter: &self.budgeter,
+            deadline: Deadline::after(policy.attempt_timeout),
+            stop,
         };
+        let handled = attempt.run(job.kind, &order).await;
         let now = now_ms();
         let outcome = match handled {
             Ok(Handled::Done(verdict)) => {
@@ -168,45 +203,58 @@ impl Worker {
             }
             Ok(Handled::Wait { until_ms, why }) => JobOutcome::RetryAt {
                 run_at_ms: until_ms,
-                failed: false,
+                failure: Failure::Wait,
                 error: why,
+                at_ms: now,
             },
-            Err(JobError::Stopping) => JobOutcome::RetryAt {
-                run_at_ms: now,
-                failed: false,
-                error: "worker stopped mid-attempt".into(),
-            },
-            Err(JobError::Permanent(error)) => JobOutcome::Park { error, at_ms: now },
-            Err(JobError::Transient(error)) if job.attempts + 1 >= policy.max_attempts => {
-                JobOutcome::Park { error, at_ms: now }
-            }
-            Err(JobError::Transient(error)) => {
-                let backoff = Backoff {
-                    base: policy.backoff_base,
-                    cap: policy.backoff_cap,
-                };
-                let delay = backoff.delay(job.attempts, &mut rand::rng());
-                JobOutcome::RetryAt {
-                    run_at_ms: now + millis(delay),
-                    failed: true,
-                    error,
-                }
-            }
+            Err(error) => self.after_failure(&job, error, now),
         };
-        match &outcome {
-            JobOutcome::Park { error, .. } => {
-                tracing::error!(order_id = %job.order_id, kind = job.kind.as_str(), %error, "job parked: needs an operator")
-            }
-            JobOutcome::RetryAt {
-                error,
-                failed: true,
-                ..
-            } => {
-                tracing::info!(order_id = %job.order_id, kind = job.kind.as_str(), attempts = job.attempts + 1, %error, "job attempt failed")
-            }
-            _ => {}
-        }
         self.finish(&job, &outcome).await;
+    }
+
+    /// What a failed attempt leads to: parked (an inconsistency; `max_attempts` rejections;
+    /// `park_after` of transient failures), else a retry after backoff.
+    fn after_failure(&self, job: &Job, error: JobError, now: i64) -> JobOutcome {
+        let policy = &self.config.worker;
+        let (failure, text) = match error {
+            JobError::Stopping => {
+                return JobOutcome::RetryAt {
+                    run_at_ms: now,
+                    failure: Failure::Wait,
+                    error: "worker stopped mid-attempt".into(),
+                    at_ms: now,
+                };
+            }
+            JobError::Permanent(text) => return self.park(job, text, now),
+            JobError::Rejected(text) => (Failure::Rejection, text),
+            JobError::Transient(text) => (Failure::Transient, text),
+        };
+        let rejected_too_often =
+            failure == Failure::Rejection && job.rejections + 1 >= policy.max_attempts;
+        let failing_too_long = failure == Failure::Transient
+            && job
+                .failing_since_ms
+                .is_some_and(|since| now.saturating_sub(since) >= millis(policy.park_after));
+        if rejected_too_often || failing_too_long {
+            return self.park(job, text, now);
+        }
+        let backoff = Backoff {
+            base: policy.backoff_base,
+            cap: policy.backoff_cap,
+        };
+        let delay = backoff.delay(job.attempts, &mut rand::rng());
+        tracing::info!(order_id = %job.order_id, kind = job.kind.as_str(), attempts = job.attempts + 1, error = %text, "job attempt failed");
+        JobOutcome::RetryAt {
+            run_at_ms: now + millis(delay),
+            failure,
+            error: text,
+            at_ms: now,
+        }
+    }
+
+    fn park(&self, job: &Job, error: String, now: i64) -> JobOutcome {
+        tracing::error!(order_id = %job.order_id, kind = job.kind.as_str(), %error, "job parked: needs an operator");
+        JobOutcome::Park { error, at_ms: now }
     }
 
     async fn finish(&self, job: &Job, outcome: &JobOutcome) {

@@ -117,6 +117,31 @@ pub fn with_timeout(
     request
 }
 
+/// `message` sent as client `client` (its `x-client-id`): reads are scoped to it.
+pub fn as_client<T>(message: T, client: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("x-client-id", client.parse().unwrap());
+    request
+}
+
+/// A GetOrder by id.
+pub fn by_id(order_id: &str) -> pb::GetOrderRequest {
+    pb::GetOrderRequest {
+        lookup: Some(pb::get_order_request::Lookup::OrderId(order_id.to_owned())),
+    }
+}
+
+/// A GetOrder by idempotency key.
+pub fn by_key(key: &str) -> pb::GetOrderRequest {
+    pb::GetOrderRequest {
+        lookup: Some(pb::get_order_request::Lookup::IdempotencyKey(
+            key.to_owned(),
+        )),
+    }
+}
+
 /// Now in epoch milliseconds.
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -157,16 +182,39 @@ impl Harness {
         answer.expect("PlaceOrder answers with an Order")
     }
 
-    /// Reads an order by id.
+    /// Reads an order by id (as the harness's client, `test`: reads are scoped).
     pub async fn get(&self, order_id: &str) -> pb::Order {
         let mut client = self.checkout.clone();
         client
-            .get_order(pb::GetOrderRequest {
-                lookup: Some(pb::get_order_request::Lookup::OrderId(order_id.to_owned())),
-            })
+            .get_order(as_client(by_id(order_id), "test"))
             .await
             .expect("GetOrder")
             .into_inner()
+    }
+
+    /// Reads the order of `key` (scoped by the harness's `x-client-id`, `test`).
+    pub async fn get_by_key(&self, key: &str) -> Result<pb::Order, tonic::Status> {
+        let mut client = self.checkout.clone();
+        client
+            .get_order(as_client(by_key(key), "test"))
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    /// The id of the order of `key`, once it is recorded (panics after `within`).
+    pub async fn order_id_of(&self, key: &str, within: Duration) -> String {
+        let until = Instant::now() + within;
+        loop {
+            match self.get_by_key(key).await {
+                Ok(order) => return order.order_id,
+                Err(status) => assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}"),
+            }
+            assert!(
+                Instant::now() < until,
+                "the order of {key} was never recorded"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Polls GetOrder until `done` holds (or panics after `within`).

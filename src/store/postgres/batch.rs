@@ -22,12 +22,12 @@ use sqlx::query::Query;
 use super::super::call::Fail;
 use super::super::group::{Reply, Ticket};
 use super::super::{
-    Begin, Decision, Job, JobOutcome, Money, NewOrder, OrderRecord, StoreError, sql,
+    Begin, Decision, Failure, Job, JobOutcome, Money, NewOrder, OrderRecord, StoreError, sql,
 };
 use super::decision;
 
-/// Inserts new orders as RECEIVED, each with its `drive_order` takeover job, skipping ids that
-/// exist; returns the ids inserted. `$1`..`$12` arrays of the [`NewOrder`] fields (expected
+/// Inserts new orders as RECEIVED, each with its `drive_order` takeover job, skipping those
+/// whose scope already has their idempotency key; returns the ids inserted. `$1`..`$12` arrays of the [`NewOrder`] fields (expected
 /// total as currency and amount), created at, and takeover time.
 const BEGIN_ORDERS: &str = "WITH input AS (\
      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
@@ -43,7 +43,7 @@ const BEGIN_ORDERS: &str = "WITH input AS (\
      SELECT order_id, scope, idempotency_key, request_hash, customer_id, cart_id, \
      wallet_account_id, expected_currency, expected_minor, deadline_ms, 'RECEIVED', 'PENDING', \
      'IN_PROGRESS', FALSE, NULL, FALSE, created_at_ms, created_at_ms FROM input \
-     ON CONFLICT (order_id) DO NOTHING RETURNING order_id), \
+     ON CONFLICT DO NOTHING RETURNING order_id), \
      drive AS (\
      INSERT INTO jobs (order_id, kind, state, attempts, run_at_ms, created_at_ms, updated_at_ms) \
      SELECT i.order_id, 'drive_order', 'pending', 0, i.takeover_at_ms, i.created_at_ms, \
@@ -65,6 +65,14 @@ const SELECT_ORDERS: &str = concat!(
     " WHERE o.order_id = ANY ($1::text[])"
 );
 
+/// The orders of the (scope, idempotency key) pairs in `$1` and `$2` (arrays), with their
+/// parked job kinds.
+const SELECT_ORDERS_BY_KEY: &str = concat!(
+    sql::select_orders_sql!("string_agg"),
+    " JOIN unnest($1::text[], $2::text[]) AS k (scope, idempotency_key) ",
+    "ON o.scope = k.scope AND o.idempotency_key = k.idempotency_key"
+);
+
 /// The lease condition of the set-based job outcomes: `$1`..`$3` arrays of job id, owner and
 /// lease token, unnested with the outcome's own arrays as `i`. The jobs are found by id:
 /// `state IS NOT DISTINCT FROM 'pending'` (the same as `=` for a NOT NULL column) cannot use
@@ -83,13 +91,17 @@ const FINISH_DONE: &str = concat!(
     while_leased!()
 );
 
-/// Hands leased jobs back for later: `$4`..`$6` arrays of next run, 1 if the attempt failed
-/// else 0, and error text; returns the ids whose lease held.
+/// Hands leased jobs back for later: `$4`..`$8` arrays of next run, 1 if the attempt failed
+/// else 0, error text, 1 if it was a rejection else 0, and now if it failed transiently else
+/// NULL; returns the ids whose lease held.
 const FINISH_RETRY: &str = concat!(
     "UPDATE jobs SET run_at_ms = i.run_at_ms, lease_owner = NULL, ",
-    "attempts = jobs.attempts + i.failed, last_error = i.error ",
+    "attempts = jobs.attempts + i.failed, last_error = i.error, ",
+    "rejections = jobs.rejections + i.rejected, ",
+    "failing_since_ms = COALESCE(jobs.failing_since_ms, i.transient_at) ",
     "FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], ",
-    "$6::text[]) AS i (id, owner, token, run_at_ms, failed, error)",
+    "$6::text[], $7::bigint[], $8::bigint[]) ",
+    "AS i (id, owner, token, run_at_ms, failed, error, rejected, transient_at)",
     while_leased!()
 );
 
@@ -194,7 +206,9 @@ pub(super) async fn run(conn: &mut PgConnection, group: &mut [Pending]) -> Resul
             } => finishes.push((&*job, &*outcome, reply)),
         }
     }
-    for round in rounds(begins, |(order, ..)| order.order_id.clone()) {
+    for round in rounds(begins, |(order, ..)| {
+        (order.scope.clone(), order.idempotency_key.clone())
+    }) {
         begin_orders(conn, round).await?;
     }
     for round in rounds(holds, |(order_id, ..)| (*order_id).to_owned()) {
@@ -286,18 +300,18 @@ async fn begin_orders(
         .collect::<Result<HashSet<_>, _>>()?;
     // The conflicting inserts have committed (ON CONFLICT waited for them) or are this
     // transaction's own, so a new statement sees the rows.
-    let existing: Vec<&str> = round
+    let existing: Vec<&NewOrder> = round
         .iter()
-        .map(|(order, ..)| order.order_id.as_str())
-        .filter(|id| !created.contains(*id))
+        .map(|(order, ..)| *order)
+        .filter(|order| !created.contains(&order.order_id))
         .collect();
-    let mut stored = load(conn, &existing).await?;
+    let mut stored = load_by_key(conn, &existing).await?;
     for (order, _, reply) in round {
         reply.result = Some(if created.contains(&order.order_id) {
             Ok(Begin::Created(sql::received(order)))
         } else {
             stored
-                .remove(&order.order_id)
+                .remove(&(order.scope.clone(), order.idempotency_key.clone()))
                 .map(Begin::Existing)
                 .ok_or_else(|| {
                     StoreError::Corrupt(format!("order {} neither new nor stored", order.order_id))
@@ -305,6 +319,36 @@ async fn begin_orders(
         });
     }
     Ok(())
+}
+
+/// Reads the stored orders of the scopes and keys of `orders`, by (scope, key).
+async fn load_by_key(
+    conn: &mut PgConnection,
+    orders: &[&NewOrder],
+) -> Result<HashMap<(String, String), OrderRecord>, Fail> {
+    if orders.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = sqlx::query(SELECT_ORDERS_BY_KEY)
+        .bind(orders.iter().map(|o| o.scope.as_str()).collect::<Vec<_>>())
+        .bind(
+            orders
+                .iter()
+                .map(|o| o.idempotency_key.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let record = sql::order_from_row(row)?;
+            let key = (
+                record.order.scope.clone(),
+                record.order.idempotency_key.clone(),
+            );
+            Ok((key, record))
+        })
+        .collect()
 }
 
 /// One round of hold intents (distinct order ids).
@@ -413,16 +457,21 @@ async fn finish_jobs(conn: &mut PgConnection, finishes: Vec<Finish<'_>>) -> Resu
         let mut run_at = Vec::with_capacity(round.len());
         let mut failed = Vec::with_capacity(round.len());
         let mut errors = Vec::with_capacity(round.len());
+        let mut rejected = Vec::with_capacity(round.len());
+        let mut transient_at = Vec::with_capacity(round.len());
         for (_, outcome, _) in &round {
             if let JobOutcome::RetryAt {
                 run_at_ms,
-                failed: f,
+                failure,
                 error,
+                at_ms,
             } = outcome
             {
                 run_at.push(*run_at_ms);
-                failed.push(i64::from(*f));
+                failed.push(i64::from(failure.failed()));
                 errors.push(error.as_str());
+                rejected.push(i64::from(*failure == Failure::Rejection));
+                transient_at.push((*failure == Failure::Transient).then_some(*at_ms));
             }
         }
         let held = leased(
@@ -442,7 +491,9 @@ async fn finish_jobs(conn: &mut PgConnection, finishes: Vec<Finish<'_>>) -> Resu
                 )
                 .bind(run_at)
                 .bind(failed)
-                .bind(errors),
+                .bind(errors)
+                .bind(rejected)
+                .bind(transient_at),
             conn,
         )
         .await?;
@@ -522,12 +573,15 @@ async fn finish_one(
             == 1),
         JobOutcome::RetryAt {
             run_at_ms,
-            failed,
+            failure,
             error,
+            at_ms,
         } => Ok(lease(sql::FINISH_RETRY)
             .bind(run_at_ms)
-            .bind(i64::from(*failed))
+            .bind(i64::from(failure.failed()))
             .bind(error)
+            .bind(i64::from(*failure == Failure::Rejection))
+            .bind((*failure == Failure::Transient).then_some(*at_ms))
             .execute(&mut *conn)
             .await?
             .rows_affected()

@@ -56,8 +56,8 @@ pub(super) const DECIDE: &str = "WITH input AS (\
      SELECT j.order_id, j.kind, j.state, 0, j.run_at_ms, d.updated_at_ms, d.updated_at_ms \
      FROM job_input j JOIN decided d ON d.order_id = j.order_id WHERE j.reschedule \
      ON CONFLICT (order_id, kind) DO UPDATE SET state = excluded.state, \
-     run_at_ms = excluded.run_at_ms, attempts = 0, lease_owner = NULL, \
-     updated_at_ms = excluded.updated_at_ms), \
+     run_at_ms = excluded.run_at_ms, attempts = 0, rejections = 0, failing_since_ms = NULL, \
+     lease_owner = NULL, updated_at_ms = excluded.updated_at_ms), \
      completed AS (\
      UPDATE jobs SET state = 'done', updated_at_ms = d.updated_at_ms \
      FROM unnest($16::text[], $17::text[]) AS c (order_id, kind) \

@@ -27,12 +27,15 @@ use sqlx::{AssertSqlSafe, Connection, Postgres, Row, Transaction};
 use super::call::{Call, Fail, migrate_error, open_error};
 use super::{
     Begin, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
-    StoreError, TimeLimit, schema, sql,
+    ParkedJob, StoreError, TimeLimit, schema, sql,
 };
 use writer::Writer;
 
 /// One order with its parked job kinds.
 const SELECT_ORDER: &str = sql::select_order_sql!("string_agg");
+
+/// The order of scope `$1` with idempotency key `$2`, with its parked job kinds.
+const SELECT_ORDER_BY_KEY: &str = sql::select_order_by_key_sql!("string_agg", "$1", "$2");
 
 /// Leases up to `$4` due jobs to `$1` until `$3` (`$2` now), skipping rows another claimer has
 /// locked; returns each with the `run_at_ms` it was due at, for ordering.
@@ -41,7 +44,8 @@ const CLAIM_DUE: &str = "WITH due AS (\
      ORDER BY run_at_ms, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
      UPDATE jobs SET lease_owner = $1, run_at_ms = $3, updated_at_ms = $2 \
      FROM due WHERE jobs.id = due.id \
-     RETURNING jobs.id, jobs.order_id, jobs.kind, jobs.attempts, due.run_at_ms AS due_at_ms";
+     RETURNING jobs.id, jobs.order_id, jobs.kind, jobs.attempts, jobs.rejections, \
+     jobs.failing_since_ms, due.run_at_ms AS due_at_ms";
 
 /// Settings of every session, besides its `statement_timeout`.
 ///
@@ -115,6 +119,8 @@ fn job_from_row(row: &PgRow, owner: &str, lease_until_ms: i64) -> Result<(i64, J
         order_id: row.try_get("order_id")?,
         kind: JobKind::parse(&kind)?,
         attempts: sql::non_negative(row.try_get("attempts")?, "jobs.attempts")?,
+        rejections: sql::non_negative(row.try_get("rejections")?, "jobs.rejections")?,
+        failing_since_ms: row.try_get("failing_since_ms")?,
         lease_owner: owner.to_owned(),
         lease_until_ms,
     };
@@ -205,6 +211,105 @@ impl OrderStore for PostgresStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
         call.run(load(&mut conn, order_id)).await
+    }
+
+    async fn find(
+        &self,
+        scope: &str,
+        idempotency_key: &str,
+    ) -> Result<Option<OrderRecord>, StoreError> {
+        let call = self.call(self.background);
+        let mut conn = call.connection(&self.pool).await?;
+        call.run(async {
+            let row = sqlx::query(SELECT_ORDER_BY_KEY)
+                .bind(scope)
+                .bind(idempotency_key)
+                .fetch_optional(&mut *conn)
+                .await?;
+            Ok(row.as_ref().map(sql::order_from_row).transpose()?)
+        })
+        .await
+    }
+
+    async fn abandon(
+        &self,
+        order_id: &str,
+        at_ms: i64,
+        retry_after_ms: i64,
+    ) -> Result<bool, StoreError> {
+        // Rare (a caller leaving while its decision is written): its own transaction, outside
+        // the group commit. The order's row lock orders it with a concurrent claim's decision.
+        let call = self.call(self.background);
+        let mut conn = call.connection(&self.pool).await?;
+        call.run(async {
+            let mut tx = conn.begin().await?;
+            let changed = sqlx::query(sql::ABANDON_ORDER)
+                .bind(order_id)
+                .bind(at_ms)
+                .bind(retry_after_ms)
+                .bind(true)
+                .bind(false)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if changed == 1 {
+                for statement in [sql::ABANDON_JOBS, sql::ABANDON_COMPENSATIONS] {
+                    sqlx::query(statement)
+                        .bind(order_id)
+                        .bind(at_ms)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            tx.commit().await?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    async fn list_parked(&self, after_id: i64, limit: usize) -> Result<Vec<ParkedJob>, StoreError> {
+        let call = self.call(self.background);
+        let mut conn = call.connection(&self.pool).await?;
+        call.run(async {
+            let rows = sqlx::query(sql::LIST_PARKED)
+                .bind(after_id)
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(&mut *conn)
+                .await?;
+            Ok(rows
+                .iter()
+                .map(sql::parked_from_row)
+                .collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn retry_parked(
+        &self,
+        order_id: Option<&str>,
+        now_ms: i64,
+        retry_after_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let call = self.call(self.background);
+        let mut conn = call.connection(&self.pool).await?;
+        call.run(async {
+            let mut tx = conn.begin().await?;
+            let requeued = sqlx::query(sql::RETRY_PARKED_JOBS)
+                .bind(now_ms)
+                .bind(order_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            sqlx::query(sql::RETRY_PARKED_ORDERS)
+                .bind(now_ms)
+                .bind(order_id)
+                .bind(retry_after_ms)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(requeued)
+        })
+        .await
     }
 
     async fn claim_due(

@@ -25,8 +25,8 @@ use sqlx::{AssertSqlSafe, Connection, Row, Sqlite};
 
 use super::call::{Call, Fail, migrate_error, open_error};
 use super::{
-    Begin, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
-    StoreError, TimeLimit, schema, sql,
+    Begin, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord,
+    OrderStore, ParkedJob, StoreError, TimeLimit, schema, sql,
 };
 use crate::config::SqliteSynchronous;
 use writer::Writer;
@@ -60,15 +60,10 @@ async fn load(conn: &mut SqliteConnection, order_id: &str) -> Result<Option<Orde
     Ok(row.as_ref().map(sql::order_from_row).transpose()?)
 }
 
-/// [`OrderStore::decide`] as one trip: see [`script::decision`]. `savepoint` opens the write's
-/// savepoint (false when the decision joins a write already under way).
-async fn apply_decision(
-    conn: &mut SqliteConnection,
-    d: &Decision,
-    savepoint: bool,
-) -> Result<OrderRecord, Fail> {
+/// [`OrderStore::decide`] as one trip: see [`script::decision`].
+async fn apply_decision(conn: &mut SqliteConnection, d: &Decision) -> Result<OrderRecord, Fail> {
     // The text is built only from constant fragments and parameter numbers.
-    let mut query = sqlx::query(AssertSqlSafe(script::decision(d, savepoint)))
+    let mut query = sqlx::query(AssertSqlSafe(script::decision(d)))
         .bind(&d.order_id)
         .bind(d.status.as_str())
         .bind(&d.reason)
@@ -100,6 +95,8 @@ fn job_from_row(row: &SqliteRow, owner: &str, lease_until_ms: i64) -> Result<Job
         order_id: row.try_get("order_id")?,
         kind: JobKind::parse(&kind)?,
         attempts: sql::non_negative(row.try_get("attempts")?, "jobs.attempts")?,
+        rejections: sql::non_negative(row.try_get("rejections")?, "jobs.rejections")?,
+        failing_since_ms: row.try_get("failing_since_ms")?,
         lease_owner: owner.to_owned(),
         lease_until_ms,
     })
@@ -204,13 +201,16 @@ async fn finish_job(
         }
         JobOutcome::RetryAt {
             run_at_ms,
-            failed,
+            failure,
             error,
+            at_ms,
         } => {
             let retry = lease(script::FINISH_RETRY)
                 .bind(run_at_ms)
-                .bind(i64::from(*failed))
-                .bind(error);
+                .bind(i64::from(failure.failed()))
+                .bind(error)
+                .bind(i64::from(*failure == Failure::Rejection))
+                .bind((*failure == Failure::Transient).then_some(*at_ms));
             count(retry, conn, "finished").await?
         }
         JobOutcome::Park { error, at_ms } => {
@@ -226,9 +226,57 @@ async fn finish_job(
         return Ok(false);
     }
     if let JobOutcome::Done(Some(decision)) = outcome {
-        apply_decision(conn, decision, false).await?;
+        apply_decision(conn, decision).await?;
     }
     Ok(true)
+}
+
+/// What [`OrderStore::abandon`] and [`OrderStore::retry_parked`] were asked for.
+struct Operator {
+    order_id: Option<String>,
+    at_ms: i64,
+    retry_after_ms: i64,
+}
+
+/// [`OrderStore::abandon`]: the order first; its jobs only if it changed.
+async fn abandon(conn: &mut SqliteConnection, op: &Operator) -> Result<bool, Fail> {
+    let changed = sqlx::query(sql::ABANDON_ORDER)
+        .bind(&op.order_id)
+        .bind(op.at_ms)
+        .bind(op.retry_after_ms)
+        .bind(true)
+        .bind(false)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if changed != 1 {
+        return Ok(false);
+    }
+    for statement in [sql::ABANDON_JOBS, sql::ABANDON_COMPENSATIONS] {
+        sqlx::query(statement)
+            .bind(&op.order_id)
+            .bind(op.at_ms)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(true)
+}
+
+/// [`OrderStore::retry_parked`]: the jobs, then the orders they leave unparked.
+async fn retry_parked(conn: &mut SqliteConnection, op: &Operator) -> Result<u64, Fail> {
+    let requeued = sqlx::query(sql::RETRY_PARKED_JOBS)
+        .bind(op.at_ms)
+        .bind(&op.order_id)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    sqlx::query(sql::RETRY_PARKED_ORDERS)
+        .bind(op.at_ms)
+        .bind(&op.order_id)
+        .bind(op.retry_after_ms)
+        .execute(&mut *conn)
+        .await?;
+    Ok(requeued)
 }
 
 /// One batch of [`OrderStore::purge_terminal`]: how many orders it deleted.
@@ -351,7 +399,7 @@ impl OrderStore for SqliteStore {
     ) -> Result<OrderRecord, StoreError> {
         self.writer
             .write(limit.0, decision.clone(), |conn, decision| {
-                Box::pin(apply_decision(conn, decision, true))
+                Box::pin(apply_decision(conn, decision))
             })
             .await
     }
@@ -360,6 +408,75 @@ impl OrderStore for SqliteStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.readers).await?;
         call.run(load(&mut conn, order_id)).await
+    }
+
+    async fn find(
+        &self,
+        scope: &str,
+        idempotency_key: &str,
+    ) -> Result<Option<OrderRecord>, StoreError> {
+        let call = self.call(self.background);
+        let mut conn = call.connection(&self.readers).await?;
+        call.run(async {
+            let row = sqlx::query(script::SELECT_ORDER_BY_KEY)
+                .bind(scope)
+                .bind(idempotency_key)
+                .fetch_optional(&mut *conn)
+                .await?;
+            Ok(row.as_ref().map(sql::order_from_row).transpose()?)
+        })
+        .await
+    }
+
+    async fn abandon(
+        &self,
+        order_id: &str,
+        at_ms: i64,
+        retry_after_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let op = Operator {
+            order_id: Some(order_id.to_owned()),
+            at_ms,
+            retry_after_ms,
+        };
+        self.writer
+            .write(self.background, op, |conn, op| Box::pin(abandon(conn, op)))
+            .await
+    }
+
+    async fn list_parked(&self, after_id: i64, limit: usize) -> Result<Vec<ParkedJob>, StoreError> {
+        let call = self.call(self.background);
+        let mut conn = call.connection(&self.readers).await?;
+        call.run(async {
+            let rows = sqlx::query(sql::LIST_PARKED)
+                .bind(after_id)
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(&mut *conn)
+                .await?;
+            Ok(rows
+                .iter()
+                .map(sql::parked_from_row)
+                .collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn retry_parked(
+        &self,
+        order_id: Option<&str>,
+        now_ms: i64,
+        retry_after_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let op = Operator {
+            order_id: order_id.map(str::to_owned),
+            at_ms: now_ms,
+            retry_after_ms,
+        };
+        self.writer
+            .write(self.background, op, |conn, op| {
+                Box::pin(retry_parked(conn, op))
+            })
+            .await
     }
 
     async fn claim_due(

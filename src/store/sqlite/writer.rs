@@ -3,8 +3,10 @@
 //! SQLite has one writer at a time, and with `synchronous = FULL` every commit waits for an
 //! fsync of the WAL. So instead of one transaction per call, every write queued when the
 //! writer comes round ([`group`](super::super::group)) runs in ONE transaction (`BEGIN
-//! IMMEDIATE` … `COMMIT`, one fsync), and each caller is answered after that commit. Each write
-//! runs under its own savepoint, so one that fails is rolled back alone and the others commit.
+//! IMMEDIATE` … `COMMIT`, one fsync), and each caller is answered after that commit. The writer
+//! opens a savepoint named for each write (`w1`, `w2`, … within a group) before running it, so
+//! one that fails is rolled back alone — to its own savepoint, never an earlier write's — and
+//! the others commit.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -20,23 +22,6 @@ use tokio_util::sync::CancellationToken;
 use super::super::StoreError;
 use super::super::call::{Fail, classify};
 use super::super::group::{EXPIRED, QUEUE_CAPACITY, Reply, Ticket, closed, submit};
-
-/// Opens the savepoint every write runs under; a write's first statement must be this one
-/// (see [`savepoint_sql!`]), so that its writes roll back alone if it fails. Savepoints are not
-/// released one by one: the group's `COMMIT` releases them all, and `ROLLBACK TO` undoes only
-/// the latest one, the failing write's.
-macro_rules! savepoint_sql {
-    ($($sql:expr),+ $(,)?) => {
-        concat!("SAVEPOINT write; ", $($sql),+)
-    };
-}
-pub(super) use savepoint_sql;
-
-/// The text [`savepoint_sql!`] puts first, for statements built at run time.
-pub(super) const SAVEPOINT: &str = "SAVEPOINT write; ";
-
-/// Undoes the failed write's statements, back to its savepoint.
-const ROLLBACK_WRITE: &str = "ROLLBACK TO write";
 
 /// Most writes in one group: bounds how long the first of them waits for the commit.
 const MAX_GROUP: usize = 128;
@@ -230,30 +215,32 @@ async fn commit_group(
     }
     let mut ran = Vec::with_capacity(live.len());
     let mut live = live.into_iter();
+    let mut savepoints = 0_u32;
     while let Some(mut write) = live.next() {
         if write.deadline() <= Instant::now() {
             // Its caller has given up (or is about to): it is not applied.
             write.refuse(&EXPIRED);
             continue;
         }
+        savepoints += 1;
+        let opened = savepoint(conn, "SAVEPOINT", savepoints).await;
+        if let Err(e) = opened {
+            // Not even a savepoint could be opened: the transaction is unusable.
+            let error = classify(e, wait, is_timeout);
+            lose_group(conn, &error, ran, std::iter::once(write).chain(live)).await;
+            return;
+        }
         write.run(conn).await;
         if !write.failed() {
             ran.push(write);
             continue;
         }
-        if let Err(e) = sqlx::raw_sql(ROLLBACK_WRITE).execute(&mut *conn).await {
+        if let Err(e) = savepoint(conn, "ROLLBACK TO", savepoints).await {
             // The transaction itself is gone (SQLite rolls back on some I/O errors): nothing
             // of this group is committed.
             let error = classify(e, wait, is_timeout);
-            tracing::error!(%error, "sqlite write group lost");
-            rollback(conn).await;
             write.settle(Ok(()));
-            for other in ran {
-                other.settle(Err(&error));
-            }
-            for rest in live {
-                rest.refuse(&error);
-            }
+            lose_group(conn, &error, ran, live).await;
             return;
         }
         write.settle(Ok(()));
@@ -267,6 +254,33 @@ async fn commit_group(
     };
     for write in ran {
         write.settle(committed.as_ref().map(|_| ()));
+    }
+}
+
+/// `SAVEPOINT w<n>` or `ROLLBACK TO w<n>`: the savepoint of the group's `n`th write.
+async fn savepoint(conn: &mut Conn, verb: &'static str, n: u32) -> Result<(), sqlx::Error> {
+    // Only a constant verb and an integer are formatted into the statement.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("{verb} w{n}")))
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The group's transaction failed: it is rolled back, the writes that ran are told `error`
+/// (none of them committed), and the writes not yet run are refused with it.
+async fn lose_group(
+    conn: &mut Conn,
+    error: &StoreError,
+    ran: Vec<Box<dyn Queued>>,
+    rest: impl Iterator<Item = Box<dyn Queued>>,
+) {
+    tracing::error!(%error, "sqlite write group lost");
+    rollback(conn).await;
+    for other in ran {
+        other.settle(Err(error));
+    }
+    for write in rest {
+        write.refuse(error);
     }
 }
 
