@@ -53,6 +53,8 @@ pub struct Config {
     pub idempotency: IdempotencyPolicy,
     /// Where orders are recorded.
     pub store: StoreConfig,
+    /// Limits of the gRPC server itself.
+    pub server: ServerPolicy,
     /// How long in-flight orders get to finish after SIGINT/SIGTERM.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -71,6 +73,7 @@ impl Default for Config {
             retry_budget: RetryBudgetPolicy::default(),
             idempotency: IdempotencyPolicy::default(),
             store: StoreConfig::default(),
+            server: ServerPolicy::default(),
             shutdown_grace: Duration::from_secs(5),
         }
     }
@@ -106,7 +109,7 @@ impl DownstreamAddrs {
 
 impl Default for DownstreamAddrs {
     fn default() -> Self {
-        Self::all_at("http://127.0.0.1:50052")
+        Self::all_at("127.0.0.1:50052")
     }
 }
 
@@ -367,6 +370,23 @@ pub enum SqliteSynchronous {
     Normal,
 }
 
+/// `server.*` keys: limits of the gRPC server.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerPolicy {
+    /// The largest request message accepted, in bytes; a larger one is refused before it is
+    /// decoded. Every request of this API fits in a few hundred bytes.
+    pub max_message_size: usize,
+}
+
+impl Default for ServerPolicy {
+    fn default() -> Self {
+        Self {
+            max_message_size: 64 * 1024,
+        }
+    }
+}
+
 /// `store.*` keys.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -484,6 +504,12 @@ impl Config {
             || r.floor_per_second >= i32::MAX as u32
         {
             return bad("retry_budget.percent must be 0-1000 and window 1s-60s".into());
+        }
+        if !(1024..=4 * 1024 * 1024).contains(&self.server.max_message_size) {
+            return bad(format!(
+                "server.max_message_size ({}) must be between 1024 and 4194304 bytes",
+                self.server.max_message_size
+            ));
         }
         for (key, addr) in self.downstream.named() {
             downstream_uri(key, addr)?;

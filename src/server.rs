@@ -67,15 +67,21 @@ pub async fn serve(
 
     let mut routes = RoutesBuilder::default();
     let health = introspection::add_to(&mut routes)?;
+    // Requests larger than any message of this API are refused before they are decoded.
+    let max_message = config.server.max_message_size;
     routes
-        .add_service(CheckoutServiceServer::new(CheckoutApi::new(Arc::clone(
-            &orchestrator,
-        ))))
-        .add_service(OperatorServiceServer::new(OperatorApi::new(
-            Arc::clone(&store),
-            worker.retry_budgets(),
-            Arc::clone(&config),
-        )));
+        .add_service(
+            CheckoutServiceServer::new(CheckoutApi::new(Arc::clone(&orchestrator)))
+                .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            OperatorServiceServer::new(OperatorApi::new(
+                Arc::clone(&store),
+                worker.retry_budgets(),
+                Arc::clone(&config),
+            ))
+            .max_decoding_message_size(max_message),
+        );
     health
         .set_serving::<CheckoutServiceServer<CheckoutApi>>()
         .await;

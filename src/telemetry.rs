@@ -50,7 +50,12 @@ pub fn init(service: &'static str) -> Telemetry {
     });
     let _ = tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                // Colours only for a terminal: a log file or collector gets plain text.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
         .with(tracing_opentelemetry::layer().with_tracer(tracer))
         .try_init();
     if let Some(e) = export_error {

@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 use checkout::proto::checkout::v1::{
     self as pb, OrderStatus, checkout_service_client::CheckoutServiceClient,
 };
-use checkout::proto::stub::v1::{
-    Behavior, ConfigureRequest, Fault, ListEffectsRequest, stub_control_client::StubControlClient,
-};
+use checkout::proto::stub::v1::{Behavior, Fault};
 use common::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -31,21 +29,26 @@ async fn spawn_serve(
     data_dir: &std::path::Path,
     log: &std::path::Path,
 ) -> (Child, String) {
+    let args = [
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data_dir.as_os_str(),
+    ];
+    spawn_serve_with(&args, log).await
+}
+
+/// Starts `checkout serve --listen 127.0.0.1:0` with `args`, its stderr appended to `log`;
+/// returns the child and its address once it announced it.
+async fn spawn_serve_with(args: &[&std::ffi::OsStr], log: &std::path::Path) -> (Child, String) {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_checkout"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--downstream",
-            downstream,
-            "--data-dir",
-        ])
-        .arg(data_dir)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(log)
@@ -64,38 +67,9 @@ async fn spawn_serve(
         .expect("the address line")
         .trim()
         .to_owned();
+    // Keep reading stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, format!("http://{addr}"))
-}
-
-/// StubControl, for this test.
-struct StubControlHandle(StubControlClient<tonic::transport::Channel>);
-
-impl StubControlHandle {
-    async fn new(stubs: &checkout::stubs::StubServer) -> Self {
-        Self(StubControlClient::connect(stubs.uri()).await.unwrap())
-    }
-
-    async fn set(&self, service: &str, method: &str, behavior: Behavior) {
-        let request = ConfigureRequest {
-            service: service.into(),
-            method: method.into(),
-            behavior: Some(behavior),
-        };
-        self.0.clone().configure(request).await.unwrap();
-    }
-
-    async fn effects(&self) -> Vec<checkout::proto::stub::v1::Effect> {
-        let request = ListEffectsRequest {
-            service: String::new(),
-        };
-        self.0
-            .clone()
-            .list_effects(request)
-            .await
-            .unwrap()
-            .into_inner()
-            .effects
-    }
 }
 
 fn crash_key(key: &str) -> tonic::Request<pb::GetOrderRequest> {
@@ -106,11 +80,11 @@ fn crash_key(key: &str) -> tonic::Request<pb::GetOrderRequest> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
     let stubs = start_stubs().await;
-    let control = StubControlHandle::new(&stubs).await;
+    let control = Control::connect(stubs.uri()).await;
     // Realistic latencies, and a few holds that apply but never answer, so the crash finds
     // orders in every phase and the reconciler has work.
     control
-        .set(
+        .configure(
             "cart",
             "",
             Behavior {
@@ -122,7 +96,7 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
         )
         .await;
     control
-        .set(
+        .configure(
             "fraud",
             "",
             Behavior {
@@ -134,7 +108,7 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
         )
         .await;
     control
-        .set(
+        .configure(
             "inventory",
             "",
             Behavior {
@@ -146,7 +120,7 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
         )
         .await;
     control
-        .set(
+        .configure(
             "wallet",
             "Hold",
             Behavior {
@@ -158,7 +132,7 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
         )
         .await;
     control
-        .set(
+        .configure(
             "wallet",
             "Capture",
             Behavior {
@@ -285,7 +259,7 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
         .collect();
     let until = Instant::now() + Duration::from_secs(60);
     let effects = loop {
-        let effects = control.effects().await;
+        let effects = control.effects("").await;
         let captured = effects.iter().filter(|e| e.method == "Capture").count();
         if captured >= confirmed.len() {
             break effects;
@@ -346,9 +320,9 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
     let stubs = start_stubs().await;
-    let control = StubControlHandle::new(&stubs).await;
+    let control = Control::connect(stubs.uri()).await;
     control
-        .set(
+        .configure(
             "wallet",
             "Hold",
             Behavior {
@@ -374,7 +348,12 @@ async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
             .insert("x-client-id", "crash".parse().unwrap());
         client.clone().place_order(request).await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The order is in flight once its hold reached the (slow) wallet.
+    control
+        .method_until("wallet", "Hold", Duration::from_secs(10), |m| {
+            m.received == 1
+        })
+        .await;
     let pid = child.id().unwrap().to_string();
     assert!(
         std::process::Command::new("kill")
@@ -383,13 +362,23 @@ async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
             .unwrap()
             .success()
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let refused =
-        tokio::time::timeout(Duration::from_secs(2), CheckoutServiceClient::connect(uri)).await;
-    assert!(
-        matches!(refused, Ok(Err(_))),
-        "a new connection after SIGTERM must be refused"
-    );
+    // The listener closes promptly: poll until a new connection is refused.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(1),
+            CheckoutServiceClient::connect(uri.clone()),
+        )
+        .await;
+        if matches!(attempt, Ok(Err(_))) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "a new connection after SIGTERM must be refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let answer = in_flight
         .await
         .unwrap()
@@ -400,5 +389,94 @@ async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
         .expect("exits after draining")
         .unwrap();
     assert!(exit.success(), "{exit:?}");
+    stubs.stop().await;
+}
+
+/// `serve` as an operator types it: `--downstream 127.0.0.1:PORT` (the form `--listen` and
+/// grpcurl take) reaches the stubs; an address that is neither host:port nor a URI stops the
+/// start with a message naming the key; and when a downstream cannot be reached, the log says
+/// which service, how the failure was classified and what the transport said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_takes_host_port_refuses_nonsense_and_logs_why_orders_decline() {
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let plain = stubs.uri().trim_start_matches("http://").to_owned();
+    let (mut child, uri) = spawn_serve(&plain, &dir.path().join("a"), &log).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let placed = client
+        .place_order(with_timeout(
+            order("plain", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let refused = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--downstream", "stubs"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("downstream.cart") && stderr.contains("host:port"),
+        "{stderr}"
+    );
+
+    // Cart on a port nobody listens on; the rest at the stubs.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let config = dir.path().join("checkout.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[downstream]\ncart = \"{closed}\"\nfraud = \"{plain}\"\ninventory = \"{plain}\"\nwallet = \"{plain}\"\n"
+        ),
+    )
+    .unwrap();
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--data-dir".as_ref(),
+        dir.path().join("b").into_os_string().leak() as &std::ffi::OsStr,
+    ];
+    let (mut child, uri) = spawn_serve_with(&args, &log).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let declined = client
+        .place_order(with_timeout(
+            order("no-cart", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(
+        (declined.status(), declined.reason.as_str()),
+        (OrderStatus::Declined, "CART_UNAVAILABLE")
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.contains("downstream call failed") && l.contains("service=\"cart\""))
+        {
+            assert!(line.contains("WARN"), "{line}");
+            assert!(line.contains("class=\"unavailable\""), "{line}");
+            assert!(line.to_lowercase().contains("connection refused"), "{line}");
+            break;
+        }
+        assert!(Instant::now() < until, "no log line says why: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
     stubs.stop().await;
 }

@@ -662,6 +662,18 @@ async fn bad_input_is_refused_naming_the_field() {
             "{header}: {violations:?}"
         );
     }
+    // The message is a sentence naming each field, not debug text (the details stay as they are).
+    let mut message = order("bad", "cart-1");
+    message.customer_id.clear();
+    message.cart_id = "c".repeat(200);
+    let status = client
+        .place_order(with_timeout(message, 2 * SECOND))
+        .await
+        .expect_err("two bad fields");
+    assert_eq!(
+        status.message(),
+        "invalid request: customer_id is required; cart_id must be at most 128 bytes"
+    );
     assert!(h.stats().await.methods.iter().all(|m| m.received == 0));
     h.stop().await;
 }
@@ -736,8 +748,9 @@ async fn get_order_reads_by_id_or_scoped_key() {
 }
 
 /// Every hop sets TCP_NODELAY: without it, Nagle's algorithm and delayed ACKs hold each small
-/// gRPC message back ~40 ms, so no order could take less than that. The median of sequential
-/// orders stays far below it (the margin holds on a loaded 2-core machine).
+/// gRPC message back ~40 ms, so no order could take less than that, however idle the machine.
+/// The fastest of fifteen sequential orders shows it: CPU contention on a shared machine slows
+/// some orders, not every one of them, so the minimum stays clear of the 40 ms floor.
 #[tokio::test]
 async fn sequential_orders_are_not_held_back_by_delayed_acks() {
     let h = start().await;
@@ -750,10 +763,10 @@ async fn sequential_orders_are_not_held_back_by_delayed_acks() {
         took.push(elapsed);
     }
     took.sort();
-    let median = took[took.len() / 2];
     assert!(
-        median < Duration::from_millis(30),
-        "median order took {median:?}: {took:?}"
+        took[0] < Duration::from_millis(30),
+        "even the fastest order took {:?}: {took:?}",
+        took[0]
     );
     h.stop().await;
 }

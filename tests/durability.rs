@@ -365,22 +365,32 @@ async fn capture_retries_stay_within_the_retry_budget_and_all_complete_after_rec
     h.stop().await;
 }
 
-/// A job that keeps failing is parked after max_attempts: kept, counted, listed on its order.
-/// A PENDING order whose resolution parked says PARKED.
+/// A job the wallet keeps refusing is parked after max_attempts rejections, and one whose
+/// downstream cannot answer after park_after: kept, counted, listed on its order. A PENDING
+/// order whose resolution parked says PARKED.
 #[tokio::test]
 async fn a_job_that_keeps_failing_is_parked_and_shown_on_its_order() {
     let h = start_with(|c| {
         c.worker.max_attempts = 2;
+        c.worker.park_after = SECOND;
         c.worker.backoff_base = Duration::from_millis(10);
+        c.worker.backoff_cap = Duration::from_millis(100);
         c.worker.settle_window = Duration::from_millis(100);
     })
     .await;
-    h.configure("wallet", "Capture", behavior(0, Fault::Internal))
-        .await;
     let confirmed = h
         .place_ok(order("park-capture", "cart-91"), 2 * SECOND)
         .await;
     assert_eq!(confirmed.status(), OrderStatus::Confirmed);
+    // Someone releases the hold behind the orchestrator's back before the capture is due (at
+    // the caller's deadline): every capture is refused HOLD_NOT_ACTIVE.
+    let mut wallet = WalletServiceClient::connect(h.stubs.uri()).await.unwrap();
+    wallet
+        .release(checkout::proto::wallet::v1::ReleaseRequest {
+            reference: confirmed.wallet_reference.clone(),
+        })
+        .await
+        .unwrap();
     let parked = h
         .wait_for(&confirmed.order_id, 10 * SECOND, |o| {
             !o.parked_jobs.is_empty()

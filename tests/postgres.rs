@@ -20,15 +20,14 @@ use checkout::proto::checkout::v1::{
     self as pb, OrderStatus, checkout_service_client::CheckoutServiceClient,
     operator_service_client::OperatorServiceClient,
 };
-use checkout::proto::stub::v1::{
-    self as stub, Behavior, ConfigureRequest, Fault, GetStatsRequest, ListEffectsRequest,
-    stub_control_client::StubControlClient,
-};
+use checkout::proto::stub::v1::{self as stub, Behavior, Fault};
 use checkout::server::Running;
 use checkout::store::OrderStore;
 use checkout::stubs::StubServer;
 use common::pg::TestDatabase;
-use common::{behavior, dur, order, start_stubs, test_config, with_timeout};
+use common::{
+    Control, as_client, behavior, by_id, dur, order, start_stubs, test_config, with_timeout,
+};
 use futures::StreamExt;
 use tokio::net::TcpListener;
 use tonic::Code;
@@ -160,81 +159,41 @@ impl Replica {
 /// The stubs every replica of a test calls, and their control client.
 struct Stubs {
     server: StubServer,
-    control: StubControlClient<Channel>,
+    control: Control,
 }
 
 impl Stubs {
     async fn start() -> Self {
         let server = start_stubs().await;
-        let control = StubControlClient::connect(server.uri()).await.unwrap();
+        let control = Control::connect(server.uri()).await;
         Self { server, control }
     }
 
     /// Sets the behaviour of one method.
     async fn configure(&self, service: &str, method: &str, behavior: Behavior) {
-        self.control
-            .clone()
-            .configure(ConfigureRequest {
-                service: service.to_owned(),
-                method: method.to_owned(),
-                behavior: Some(behavior),
-            })
-            .await
-            .expect("Configure");
+        self.control.configure(service, method, behavior).await;
     }
 
     /// All stats.
     async fn stats(&self) -> stub::GetStatsResponse {
-        self.control
-            .clone()
-            .get_stats(GetStatsRequest {
-                service: String::new(),
-            })
-            .await
-            .expect("GetStats")
-            .into_inner()
+        self.control.stats().await
     }
 
     /// Stats of one method.
     async fn method(&self, service: &str, method: &str) -> stub::MethodStats {
-        self.stats()
-            .await
-            .methods
-            .into_iter()
-            .find(|m| m.service == service && m.method == method)
-            .expect("method stats")
+        self.control.method(service, method).await
     }
 
     /// Polls one method's stats until `ok` calls have succeeded.
     async fn ok_reaches(&self, service: &str, method: &str, ok: u64) -> stub::MethodStats {
-        let until = Instant::now() + EVENTUALLY;
-        loop {
-            let stats = self.method(service, method).await;
-            if stats.ok >= ok {
-                return stats;
-            }
-            assert!(
-                Instant::now() < until,
-                "{service}.{method} never reached {ok} ok: {stats:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.control
+            .method_until(service, method, EVENTUALLY, |m| m.ok >= ok)
+            .await
     }
 
     /// Effects of `method` on `reference`.
     async fn effects_on(&self, method: &str, reference: &str) -> usize {
-        self.control
-            .clone()
-            .list_effects(ListEffectsRequest {
-                service: String::new(),
-            })
-            .await
-            .expect("ListEffects")
-            .into_inner()
-            .effects
-            .iter()
-            .filter(|e| e.method == method && e.reference == reference)
-            .count()
+        self.control.effects_on(method, reference).await
     }
 
     async fn stop(self) {

@@ -133,8 +133,12 @@ impl CallError {
         if let Self::Status(status) = self {
             let mut source = std::error::Error::source(status);
             while let Some(cause) = source {
-                text.push_str(": ");
-                text.push_str(&cause.to_string());
+                // Layers often repeat their cause's words; say each thing once.
+                let said = cause.to_string();
+                if !text.contains(&said) {
+                    text.push_str(": ");
+                    text.push_str(&said);
+                }
                 source = cause.source();
             }
         }

@@ -8,25 +8,26 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use checkout::config::{Config, DownstreamAddrs};
 use checkout::proto::checkout::v1::{self as pb, checkout_service_client::CheckoutServiceClient};
-use checkout::proto::stub::v1::{
-    self as stub, Behavior, ConfigureRequest, Fault, GetStatsRequest, ListEffectsRequest,
-    stub_control_client::StubControlClient,
-};
+use checkout::proto::stub::v1::{self as stub, Behavior, Fault};
 use checkout::server::Running;
 use checkout::store::OrderStore;
 use checkout::stubs::StubServer;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
+pub mod control;
 #[cfg(feature = "postgres-tests")]
 pub mod pg;
+pub mod stalling;
+
+pub use control::Control;
 
 /// Stubs + orchestrator + clients.
 pub struct Harness {
     pub stubs: StubServer,
     pub server: Running,
     pub checkout: CheckoutServiceClient<Channel>,
-    pub control: StubControlClient<Channel>,
+    pub control: Control,
     pub store: Arc<dyn OrderStore>,
     pub config: Arc<Config>,
     /// Keeps the SQLite file alive for the test.
@@ -68,11 +69,29 @@ pub async fn start_on(
     data_dir: tempfile::TempDir,
     adjust: impl FnOnce(&mut Config),
 ) -> Harness {
+    start_wrapped(stubs, data_dir, adjust, |store| store).await
+}
+
+/// Starts everything with the orchestrator's store (SQLite in a temp dir) seen through `wrap`.
+pub async fn start_with_store(
+    adjust: impl FnOnce(&mut Config),
+    wrap: impl FnOnce(Arc<dyn OrderStore>) -> Arc<dyn OrderStore>,
+) -> Harness {
+    let stubs = start_stubs().await;
+    start_wrapped(stubs, tempfile::tempdir().unwrap(), adjust, wrap).await
+}
+
+async fn start_wrapped(
+    stubs: StubServer,
+    data_dir: tempfile::TempDir,
+    adjust: impl FnOnce(&mut Config),
+    wrap: impl FnOnce(Arc<dyn OrderStore>) -> Arc<dyn OrderStore>,
+) -> Harness {
     let mut config = test_config(&stubs, data_dir.path());
     adjust(&mut config);
     config.validate().unwrap();
     let config = Arc::new(config);
-    let store = checkout::store::open(&config.store).await.unwrap();
+    let store = wrap(checkout::store::open(&config.store).await.unwrap());
     let server = Running::start(
         TcpListener::bind("127.0.0.1:0").await.unwrap(),
         Arc::clone(&config),
@@ -81,7 +100,7 @@ pub async fn start_on(
     .await
     .unwrap();
     let checkout = CheckoutServiceClient::connect(server.uri()).await.unwrap();
-    let control = StubControlClient::connect(stubs.uri()).await.unwrap();
+    let control = Control::connect(stubs.uri()).await;
     Harness {
         stubs,
         server,
@@ -240,37 +259,17 @@ impl Harness {
 
     /// Sets a stub behaviour.
     pub async fn configure(&self, service: &str, method: &str, behavior: Behavior) {
-        let mut control = self.control.clone();
-        control
-            .configure(ConfigureRequest {
-                service: service.to_owned(),
-                method: method.to_owned(),
-                behavior: Some(behavior),
-            })
-            .await
-            .expect("Configure");
+        self.control.configure(service, method, behavior).await;
     }
 
     /// All stub stats.
     pub async fn stats(&self) -> stub::GetStatsResponse {
-        let mut control = self.control.clone();
-        control
-            .get_stats(GetStatsRequest {
-                service: String::new(),
-            })
-            .await
-            .expect("GetStats")
-            .into_inner()
+        self.control.stats().await
     }
 
     /// Stats of one method.
     pub async fn method(&self, service: &str, method: &str) -> stub::MethodStats {
-        self.stats()
-            .await
-            .methods
-            .into_iter()
-            .find(|m| m.service == service && m.method == method)
-            .expect("method stats")
+        self.control.method(service, method).await
     }
 
     /// Polls one method's stats until `done` holds.
@@ -281,40 +280,26 @@ impl Harness {
         within: Duration,
         done: impl Fn(&stub::MethodStats) -> bool,
     ) -> stub::MethodStats {
-        let until = Instant::now() + within;
-        loop {
-            let stats = self.method(service, method).await;
-            if done(&stats) {
-                return stats;
-            }
-            assert!(
-                Instant::now() < until,
-                "{service}.{method} never reached the expected state: {stats:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        self.control
+            .method_until(service, method, within, done)
+            .await
     }
 
     /// Every effect the stubs applied.
     pub async fn effects(&self, service: &str) -> Vec<stub::Effect> {
-        let mut control = self.control.clone();
-        control
-            .list_effects(ListEffectsRequest {
-                service: service.to_owned(),
-            })
-            .await
-            .expect("ListEffects")
-            .into_inner()
-            .effects
+        self.control.effects(service).await
     }
 
     /// Effects of `method` on `reference`.
     pub async fn effects_on(&self, method: &str, reference: &str) -> usize {
-        self.effects("")
+        self.control.effects_on(method, reference).await
+    }
+
+    /// The operator API of the orchestrator.
+    pub async fn operator(&self) -> pb::operator_service_client::OperatorServiceClient<Channel> {
+        pb::operator_service_client::OperatorServiceClient::connect(self.server.uri())
             .await
-            .iter()
-            .filter(|e| e.method == method && e.reference == reference)
-            .count()
+            .expect("OperatorService")
     }
 
     /// Stops the orchestrator and the stubs.

@@ -34,11 +34,9 @@ pub(super) const SELECT_ORDER_BY_KEY: &str =
     sql::select_order_by_key_sql!("group_concat", "$1", "$2");
 
 /// Moves a RECEIVED order to HOLD_SENT. `$1` order id, `$2`/`$3` total, `$4` now.
-pub(super) const RECORD_HOLD_INTENT: &str = concat!(
-    "UPDATE orders SET phase = 'HOLD_SENT', \
+pub(super) const RECORD_HOLD_INTENT: &str = "UPDATE orders SET phase = 'HOLD_SENT', \
      total_currency = $2, total_minor = $3, hold_sent_at_ms = $4, updated_at_ms = $4 \
-     WHERE order_id = $1 AND phase = 'RECEIVED'"
-);
+     WHERE order_id = $1 AND phase = 'RECEIVED'";
 
 /// Applies a decision to a PENDING order; a missing total or hold id keeps the stored one.
 /// `$1` order id, `$2` status, `$3` reason, `$4` retryable, `$5` retry_after_ms,
