@@ -6,6 +6,7 @@
 //! `grpc-timeout` and `x-request-deadline`, stops waiting when its budget ends, and is dropped
 //! (RST_STREAM) the moment its [`CancellationToken`] fires.
 
+pub mod breaker;
 mod call;
 mod classify;
 
