@@ -7,6 +7,7 @@
 //! (RST_STREAM) the moment its [`CancellationToken`] fires.
 
 pub mod breaker;
+pub mod bulkhead;
 mod call;
 mod classify;
 
