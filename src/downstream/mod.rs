@@ -10,6 +10,7 @@ pub mod breaker;
 pub mod bulkhead;
 mod call;
 mod classify;
+pub mod hedge;
 
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
