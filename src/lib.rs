@@ -25,6 +25,7 @@
 //! - [`telemetry`]: logs, OpenTelemetry spans and trace-context propagation.
 //! - [`cli`]: the `checkout` subcommands; [`proto`]: generated code.
 
+pub mod admission;
 pub mod budget;
 pub mod checkout;
 pub mod cli;

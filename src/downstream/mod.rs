@@ -6,8 +6,11 @@
 //! `grpc-timeout` and `x-request-deadline`, stops waiting when its budget ends, and is dropped
 //! (RST_STREAM) the moment its [`CancellationToken`] fires.
 
+pub mod breaker;
+pub mod bulkhead;
 mod call;
 mod classify;
+pub mod hedge;
 
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};

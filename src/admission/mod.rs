@@ -1,0 +1,646 @@
+//! Adaptive admission for PlaceOrder (SPEC §10 "Overload"): an [`AdaptiveLimiter`] admits a
+//! request only while fewer than the current limit are in flight, and refuses the rest at once —
+//! it never queues. How the limit moves is a separate [`Limit`] (see [`limit`]); the limiter only
+//! counts permits and feeds each finished request back as a [`Sample`].
+//!
+//! A refused request should be answered `RESOURCE_EXHAUSTED` with `ErrorInfo{reason: OVERLOADED}`
+//! and `RetryInfo` from [`Overloaded::retry_after`]; nothing recorded, nothing sent.
+
+pub mod limit;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+pub use limit::{FixedLimit, GradientLimit, Limit, Sample};
+
+/// `[admission]`: the adaptive concurrency limit of PlaceOrder.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionPolicy {
+    /// Off: every request is admitted (in-flight requests are still counted).
+    pub enabled: bool,
+    /// The limit before anything has been learned.
+    pub initial_limit: usize,
+    /// The floor: the limit never goes lower, and sits here while no-load latency is measured.
+    pub min_limit: usize,
+    /// The ceiling.
+    pub max_limit: usize,
+    /// How far one window moves the limit towards its new target (0–1; Gradient2's 0.2).
+    pub smoothing: f64,
+    /// How many times the no-load latency requests may take before the limit shrinks.
+    pub tolerance: f64,
+    /// How often the limit is recomputed from the samples of the window.
+    #[serde(with = "humantime_serde")]
+    pub sample_window: Duration,
+    /// A window also needs this many samples before it is used (sparse traffic waits longer).
+    pub samples_per_window: u64,
+    /// The percentile that summarises a window's latencies, and the no-load measurement's.
+    pub sample_percentile: f64,
+    /// How often the no-load latency is measured again.
+    #[serde(with = "humantime_serde")]
+    pub min_rtt_interval: Duration,
+    /// Each re-measurement starts uniformly within ± this of `min_rtt_interval`.
+    #[serde(with = "humantime_serde")]
+    pub min_rtt_jitter: Duration,
+    /// Requests measured (at `min_limit` concurrency) to learn the no-load latency.
+    pub min_rtt_samples: u64,
+    /// A window with a dropped request multiplies the limit by this (0–1; 1 ignores drops).
+    pub drop_backoff: f64,
+    /// The `RetryInfo` advice sent with OVERLOADED.
+    #[serde(with = "humantime_serde")]
+    pub retry_after: Duration,
+}
+
+impl Default for AdmissionPolicy {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            initial_limit: 64,
+            min_limit: 8,
+            max_limit: 1000,
+            smoothing: 0.2,
+            tolerance: 1.5,
+            sample_window: Duration::from_millis(250),
+            samples_per_window: 10,
+            sample_percentile: 90.0,
+            min_rtt_interval: Duration::from_secs(30),
+            min_rtt_jitter: Duration::from_secs(3),
+            min_rtt_samples: 25,
+            drop_backoff: 0.9,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+impl AdmissionPolicy {
+    /// Checks every number against its bounds; the message names the offending key.
+    pub fn validate(&self) -> Result<(), String> {
+        let bad =
+            |key: &str, value: String, rule: &str| Err(format!("admission.{key} ({value}) {rule}"));
+        if !(1..=100_000).contains(&self.min_limit) {
+            return bad("min_limit", self.min_limit.to_string(), "must be 1-100000");
+        }
+        if !(self.min_limit..=100_000).contains(&self.max_limit) {
+            return bad(
+                "max_limit",
+                self.max_limit.to_string(),
+                "must be at least min_limit and at most 100000",
+            );
+        }
+        if !(self.min_limit..=self.max_limit).contains(&self.initial_limit) {
+            return bad(
+                "initial_limit",
+                self.initial_limit.to_string(),
+                "must be within min_limit..=max_limit",
+            );
+        }
+        if !(self.smoothing > 0.0 && self.smoothing <= 1.0) {
+            return bad("smoothing", self.smoothing.to_string(), "must be in (0, 1]");
+        }
+        if !(1.0..=10.0).contains(&self.tolerance) {
+            return bad("tolerance", self.tolerance.to_string(), "must be 1.0-10.0");
+        }
+        if !(Duration::from_millis(10)..=Duration::from_secs(10)).contains(&self.sample_window) {
+            return bad(
+                "sample_window",
+                format!("{:?}", self.sample_window),
+                "must be 10ms-10s",
+            );
+        }
+        if !(1..=100_000).contains(&self.samples_per_window) {
+            let value = self.samples_per_window.to_string();
+            return bad("samples_per_window", value, "must be 1-100000");
+        }
+        if !(self.sample_percentile >= 1.0 && self.sample_percentile <= 100.0) {
+            let value = self.sample_percentile.to_string();
+            return bad("sample_percentile", value, "must be 1-100");
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&self.min_rtt_interval) {
+            let value = format!("{:?}", self.min_rtt_interval);
+            return bad("min_rtt_interval", value, "must be 1s-1h");
+        }
+        if self.min_rtt_jitter > self.min_rtt_interval / 2 {
+            let value = format!("{:?}", self.min_rtt_jitter);
+            return bad(
+                "min_rtt_jitter",
+                value,
+                "must be at most half of min_rtt_interval",
+            );
+        }
+        if !(1..=100_000).contains(&self.min_rtt_samples) {
+            let value = self.min_rtt_samples.to_string();
+            return bad("min_rtt_samples", value, "must be 1-100000");
+        }
+        if !(self.drop_backoff > 0.0 && self.drop_backoff <= 1.0) {
+            let value = self.drop_backoff.to_string();
+            return bad("drop_backoff", value, "must be in (0, 1]");
+        }
+        if self.retry_after.is_zero() || self.retry_after > Duration::from_secs(3600) {
+            let value = format!("{:?}", self.retry_after);
+            return bad("retry_after", value, "must be above zero and at most 1h");
+        }
+        Ok(())
+    }
+}
+
+/// Refused at admission: as many requests are in flight as the limit allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("overloaded: {in_flight} requests in flight at the admission limit of {limit}")]
+pub struct Overloaded {
+    /// The limit at the time.
+    pub limit: usize,
+    /// Requests in flight at the time.
+    pub in_flight: usize,
+    /// How long the caller is advised to wait (`RetryInfo`).
+    pub retry_after: Duration,
+}
+
+/// Counters and gauges of a limiter, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionStats {
+    /// The current limit (`usize::MAX` when disabled).
+    pub limit: usize,
+    /// Requests holding a permit.
+    pub in_flight: usize,
+    /// Permits granted since start.
+    pub admitted: u64,
+    /// Requests refused since start.
+    pub refused: u64,
+    /// Permits completed with a latency.
+    pub completed: u64,
+    /// Permits reported dropped.
+    pub dropped: u64,
+    /// Permits released without a sample.
+    pub abandoned: u64,
+}
+
+/// The state shared by a limiter and its permits.
+#[derive(Debug)]
+struct Shared {
+    enabled: bool,
+    retry_after: Duration,
+    /// The algorithm; locked only to feed a sample (never across an await).
+    algorithm: Mutex<Box<dyn Limit>>,
+    /// `algorithm.limit()`, copied after every sample so admission never locks.
+    limit: AtomicUsize,
+    /// `algorithm.queueing_delay()` in nanoseconds, copied likewise.
+    queueing_nanos: AtomicU64,
+    in_flight: AtomicUsize,
+    admitted: AtomicU64,
+    refused: AtomicU64,
+    completed: AtomicU64,
+    dropped: AtomicU64,
+    abandoned: AtomicU64,
+}
+
+impl Shared {
+    fn release(&self, sample: Option<Sample>) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let Some(sample) = sample else {
+            self.abandoned.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let counter = if sample.did_drop {
+            &self.dropped
+        } else {
+            &self.completed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if !self.enabled {
+            return;
+        }
+        // A panic inside the algorithm leaves it usable: its state is plain numbers.
+        let mut algorithm = self
+            .algorithm
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        algorithm.on_sample(&sample);
+        self.limit.store(algorithm.limit(), Ordering::Release);
+        let nanos = u64::try_from(algorithm.queueing_delay().as_nanos()).unwrap_or(u64::MAX);
+        self.queueing_nanos.store(nanos, Ordering::Relaxed);
+    }
+}
+
+/// Admits requests up to an adaptive limit and refuses the rest at once. Cheap to clone: clones
+/// share the same limit and counters.
+#[derive(Debug, Clone)]
+pub struct AdaptiveLimiter {
+    shared: Arc<Shared>,
+}
+
+impl AdaptiveLimiter {
+    /// A limiter for `policy` (validated) with the gradient algorithm, starting now.
+    pub fn new(policy: &AdmissionPolicy) -> Self {
+        let algorithm = GradientLimit::new(policy, Instant::now(), rand::random());
+        Self::with_limit(algorithm, policy.enabled, policy.retry_after)
+    }
+
+    /// A limiter enforcing any [`Limit`]; when `enabled` is false it admits everything.
+    pub fn with_limit(
+        algorithm: impl Limit + 'static,
+        enabled: bool,
+        retry_after: Duration,
+    ) -> Self {
+        let limit = if enabled {
+            algorithm.limit()
+        } else {
+            usize::MAX
+        };
+        Self {
+            shared: Arc::new(Shared {
+                enabled,
+                retry_after,
+                algorithm: Mutex::new(Box::new(algorithm)),
+                limit: AtomicUsize::new(limit),
+                queueing_nanos: AtomicU64::new(0),
+                in_flight: AtomicUsize::new(0),
+                admitted: AtomicU64::new(0),
+                refused: AtomicU64::new(0),
+                completed: AtomicU64::new(0),
+                dropped: AtomicU64::new(0),
+                abandoned: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Admits a request now, or refuses it at once when the limit is reached.
+    pub fn try_acquire(&self) -> Result<Permit, Overloaded> {
+        self.try_acquire_at(Instant::now())
+    }
+
+    /// [`AdaptiveLimiter::try_acquire`] for a request arriving at `now`.
+    pub fn try_acquire_at(&self, now: Instant) -> Result<Permit, Overloaded> {
+        let shared = &self.shared;
+        let mut current = shared.in_flight.load(Ordering::Acquire);
+        loop {
+            let limit = shared.limit.load(Ordering::Acquire);
+            if current >= limit {
+                shared.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(Overloaded {
+                    limit,
+                    in_flight: current,
+                    retry_after: shared.retry_after,
+                });
+            }
+            match shared.in_flight.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        shared.admitted.fetch_add(1, Ordering::Relaxed);
+        Ok(Permit {
+            shared: Some(Arc::clone(shared)),
+            acquired_at: now,
+            in_flight: current + 1,
+        })
+    }
+
+    /// The current limit (`usize::MAX` when disabled).
+    pub fn limit(&self) -> usize {
+        self.shared.limit.load(Ordering::Acquire)
+    }
+
+    /// Requests holding a permit now.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    /// The queueing a request admitted now should expect: how much longer than at no load the
+    /// latest window's requests took (Little's law: at a given throughput, extra work in the
+    /// system is extra time in it). Zero when nothing is in flight or nothing is known yet. A
+    /// caller may refuse a request whose slack — its remaining budget beyond the shortest path —
+    /// is already below this.
+    pub fn expected_wait(&self) -> Duration {
+        if self.in_flight() == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(self.shared.queueing_nanos.load(Ordering::Relaxed))
+    }
+
+    /// The `RetryInfo` advice for refused requests.
+    pub fn retry_after(&self) -> Duration {
+        self.shared.retry_after
+    }
+
+    /// Counters and gauges for metrics.
+    pub fn stats(&self) -> AdmissionStats {
+        let s = &self.shared;
+        AdmissionStats {
+            limit: self.limit(),
+            in_flight: self.in_flight(),
+            admitted: s.admitted.load(Ordering::Relaxed),
+            refused: s.refused.load(Ordering::Relaxed),
+            completed: s.completed.load(Ordering::Relaxed),
+            dropped: s.dropped.load(Ordering::Relaxed),
+            abandoned: s.abandoned.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One admitted request. Report how it ended with [`Permit::complete`] or [`Permit::dropped`];
+/// a permit dropped without either (the caller went away, a validation error) is released
+/// without a sample, so it neither raises nor lowers the limit.
+#[derive(Debug)]
+#[must_use = "a permit is released when dropped"]
+pub struct Permit {
+    /// `None` once released.
+    shared: Option<Arc<Shared>>,
+    acquired_at: Instant,
+    in_flight: usize,
+}
+
+impl Permit {
+    /// When the request was admitted.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// Requests in flight when this one was admitted, itself included.
+    pub fn in_flight_at_admission(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The request finished (whatever its answer) after `rtt`: a latency sample.
+    pub fn complete(mut self, rtt: Duration) {
+        self.release(rtt, false);
+    }
+
+    /// The request failed for overload-ish reasons (timed out, refused from below): a
+    /// congestion signal. Its latency is measured until now.
+    pub fn dropped(self) {
+        self.dropped_at(Instant::now());
+    }
+
+    /// [`Permit::dropped`], given up at `now`.
+    pub fn dropped_at(mut self, now: Instant) {
+        let rtt = now.saturating_duration_since(self.acquired_at);
+        self.release(rtt, true);
+    }
+
+    fn release(&mut self, rtt: Duration, did_drop: bool) {
+        if let Some(shared) = self.shared.take() {
+            shared.release(Some(Sample {
+                started: self.acquired_at,
+                rtt,
+                in_flight: self.in_flight,
+                did_drop,
+            }));
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.release(None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limit that remembers the samples it was fed.
+    #[derive(Debug, Default)]
+    struct Recorder {
+        limit: usize,
+        samples: Arc<Mutex<Vec<Sample>>>,
+    }
+
+    impl Limit for Recorder {
+        fn on_sample(&mut self, sample: &Sample) {
+            self.samples.lock().expect("not poisoned").push(*sample);
+        }
+
+        fn limit(&self) -> usize {
+            self.limit
+        }
+    }
+
+    fn fixed(limit: usize) -> AdaptiveLimiter {
+        AdaptiveLimiter::with_limit(FixedLimit(limit), true, Duration::from_secs(1))
+    }
+
+    #[test]
+    fn a_request_is_refused_at_once_when_the_limit_is_reached() {
+        let limiter = fixed(2);
+        let first = limiter.try_acquire().expect("1 of 2");
+        let _second = limiter.try_acquire().expect("2 of 2");
+        let refused = limiter.try_acquire().expect_err("3 of 2");
+        assert_eq!(
+            refused,
+            Overloaded {
+                limit: 2,
+                in_flight: 2,
+                retry_after: Duration::from_secs(1)
+            }
+        );
+        first.complete(Duration::from_millis(5));
+        let _third = limiter.try_acquire().expect("a slot was freed");
+        let stats = limiter.stats();
+        assert_eq!((stats.admitted, stats.refused, stats.in_flight), (3, 1, 2));
+    }
+
+    #[test]
+    fn complete_and_dropped_feed_the_limit_and_a_dropped_permit_feeds_nothing() {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder {
+            limit: 10,
+            samples: Arc::clone(&samples),
+        };
+        let limiter = AdaptiveLimiter::with_limit(recorder, true, Duration::from_secs(1));
+        let t0 = Instant::now();
+        let a = limiter.try_acquire_at(t0).expect("admitted");
+        let b = limiter.try_acquire_at(t0).expect("admitted");
+        let c = limiter.try_acquire_at(t0).expect("admitted");
+        a.complete(Duration::from_millis(7));
+        b.dropped_at(t0 + Duration::from_millis(300));
+        drop(c);
+        assert_eq!(limiter.in_flight(), 0);
+        let seen = samples.lock().expect("not poisoned").clone();
+        assert_eq!(
+            seen,
+            vec![
+                Sample {
+                    started: t0,
+                    rtt: Duration::from_millis(7),
+                    in_flight: 1,
+                    did_drop: false
+                },
+                Sample {
+                    started: t0,
+                    rtt: Duration::from_millis(300),
+                    in_flight: 2,
+                    did_drop: true
+                },
+            ]
+        );
+        let stats = limiter.stats();
+        assert_eq!((stats.completed, stats.dropped, stats.abandoned), (1, 1, 1));
+    }
+
+    #[test]
+    fn concurrent_acquire_and_release_never_exceed_the_limit() {
+        const LIMIT: usize = 5;
+        let limiter = fixed(LIMIT);
+        let peak = Arc::new(AtomicUsize::new(0));
+        let start = Arc::new(std::sync::Barrier::new(8));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let limiter = limiter.clone();
+                let peak = Arc::clone(&peak);
+                let start = Arc::clone(&start);
+                std::thread::spawn(move || {
+                    // Each thread keeps up to two permits: 8 × 2 wanted, 5 allowed. All try
+                    // once before any releases, so at least 3 refusals happen whatever the
+                    // scheduling.
+                    let mut held = std::collections::VecDeque::new();
+                    held.extend(limiter.try_acquire().ok());
+                    start.wait();
+                    for i in 0..20_000 {
+                        match limiter.try_acquire() {
+                            Ok(permit) => {
+                                peak.fetch_max(limiter.in_flight(), Ordering::Relaxed);
+                                peak.fetch_max(permit.in_flight_at_admission(), Ordering::Relaxed);
+                                held.push_back(permit);
+                                if held.len() < 2 {
+                                    continue;
+                                }
+                            }
+                            Err(_) if held.is_empty() => continue,
+                            Err(_) => {}
+                        }
+                        if let Some(oldest) = held.pop_front() {
+                            if i % 2 == 0 {
+                                oldest.complete(Duration::from_micros(1));
+                            } else {
+                                drop(oldest);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("no panic");
+        }
+        let stats = limiter.stats();
+        assert!(peak.load(Ordering::Relaxed) <= LIMIT, "{stats:?}");
+        assert_eq!(stats.in_flight, 0);
+        assert_eq!(stats.admitted + stats.refused, 8 * 20_001);
+        assert!(stats.refused >= 3, "the threads did contend: {stats:?}");
+    }
+
+    #[test]
+    fn the_gradient_limiter_learns_and_reports_the_expected_wait() {
+        let policy = AdmissionPolicy {
+            min_rtt_jitter: Duration::ZERO,
+            ..AdmissionPolicy::default()
+        };
+        let t0 = Instant::now();
+        let algorithm = GradientLimit::new(&policy, t0, 1);
+        let limiter = AdaptiveLimiter::with_limit(algorithm, true, policy.retry_after);
+        assert_eq!(limiter.limit(), 8, "measuring no-load latency at the floor");
+        assert_eq!(limiter.expected_wait(), Duration::ZERO);
+        let ms = Duration::from_millis(1);
+        for _ in 0..policy.min_rtt_samples {
+            limiter
+                .try_acquire_at(t0)
+                .expect("admitted")
+                .complete(10 * ms);
+        }
+        assert_eq!(limiter.limit(), 64);
+        // Two windows at 30 ms: the second sample after the first window closes it.
+        let mut now = t0 + 10 * ms;
+        for _ in 0..2 {
+            let permits: Vec<_> = (0..policy.samples_per_window)
+                .map(|_| limiter.try_acquire_at(now).expect("admitted"))
+                .collect();
+            permits.into_iter().for_each(|p| p.complete(30 * ms));
+            now += policy.sample_window;
+        }
+        let _busy = limiter.try_acquire_at(now).expect("admitted");
+        let wait = limiter.expected_wait();
+        assert!(wait >= 19 * ms && wait <= 21 * ms, "{wait:?}");
+        assert!(
+            limiter.limit() < 64,
+            "30 ms is 3 × no-load, beyond the 1.5 tolerance"
+        );
+    }
+
+    #[test]
+    fn a_disabled_limiter_admits_everything_and_still_counts() {
+        let policy = AdmissionPolicy {
+            enabled: false,
+            ..AdmissionPolicy::default()
+        };
+        let limiter = AdaptiveLimiter::new(&policy);
+        let permits: Vec<_> = (0..10_000)
+            .map(|_| limiter.try_acquire().expect("never refused"))
+            .collect();
+        assert_eq!(limiter.in_flight(), 10_000);
+        assert_eq!(limiter.limit(), usize::MAX);
+        drop(permits);
+        assert_eq!(limiter.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_default_policy_is_valid_and_round_trips_through_toml() {
+        let policy = AdmissionPolicy::default();
+        policy.validate().expect("defaults are valid");
+        let parsed: AdmissionPolicy = toml::from_str(
+            "enabled = true\ninitial_limit = 64\nmin_limit = 8\nmax_limit = 1000\n\
+             smoothing = 0.2\ntolerance = 1.5\nsample_window = \"250ms\"\n\
+             samples_per_window = 10\nsample_percentile = 90.0\nmin_rtt_interval = \"30s\"\n\
+             min_rtt_jitter = \"3s\"\nmin_rtt_samples = 25\ndrop_backoff = 0.9\n\
+             retry_after = \"1s\"\n",
+        )
+        .expect("parses");
+        assert_eq!(parsed, policy);
+        let empty: AdmissionPolicy = toml::from_str("").expect("all defaults");
+        assert_eq!(empty, policy);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_and_each_bad_number_names_its_key() {
+        assert!(toml::from_str::<AdmissionPolicy>("limit = 5\n").is_err());
+        type Spoil = fn(&mut AdmissionPolicy);
+        let cases: [(&str, Spoil); 13] = [
+            ("min_limit", |p| p.min_limit = 0),
+            ("max_limit", |p| p.max_limit = 4),
+            ("initial_limit", |p| p.initial_limit = 2000),
+            ("smoothing", |p| p.smoothing = 0.0),
+            ("tolerance", |p| p.tolerance = 0.9),
+            ("sample_window", |p| p.sample_window = Duration::ZERO),
+            ("samples_per_window", |p| p.samples_per_window = 0),
+            ("sample_percentile", |p| p.sample_percentile = f64::NAN),
+            ("min_rtt_interval", |p| {
+                p.min_rtt_interval = Duration::from_millis(10)
+            }),
+            ("min_rtt_jitter", |p| {
+                p.min_rtt_jitter = Duration::from_secs(20)
+            }),
+            ("min_rtt_samples", |p| p.min_rtt_samples = 0),
+            ("drop_backoff", |p| p.drop_backoff = 1.5),
+            ("retry_after", |p| p.retry_after = Duration::ZERO),
+        ];
+        for (key, spoil) in cases {
+            let mut policy = AdmissionPolicy::default();
+            spoil(&mut policy);
+            let err = policy.validate().expect_err(key);
+            assert!(
+                err.starts_with(&format!("admission.{key} ")),
+                "{key}: {err}"
+            );
+        }
+    }
+}
