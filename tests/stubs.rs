@@ -412,9 +412,10 @@ async fn invalid_holds_and_poor_accounts_are_refused_without_effect() {
 }
 
 /// A second Hold with the same reference answers ALREADY_EXISTS ErrorInfo DUPLICATE_REFERENCE
-/// with `existing_hold_id`, and applies nothing.
+/// carrying the EXISTING hold's id, account and amount (not the second request's), and applies
+/// nothing.
 #[tokio::test]
-async fn a_second_hold_for_a_reference_answers_duplicate_reference_with_the_existing_hold_id() {
+async fn a_second_hold_for_a_reference_answers_duplicate_reference_with_the_existing_holds_terms() {
     let mut stubs = start_stubs().await;
     let first = stubs
         .wallet
@@ -428,18 +429,27 @@ async fn a_second_hold_for_a_reference_answers_duplicate_reference_with_the_exis
     assert_eq!(first.state(), HoldState::Active);
     assert_eq!(first.amount, usd(4200));
 
-    let status = stubs
-        .wallet
-        .hold(hold("order-1", "alice"))
-        .await
-        .unwrap_err();
-    let metadata = error_info(
-        &status,
-        Code::AlreadyExists,
-        "wallet.v1",
-        "DUPLICATE_REFERENCE",
-    );
-    assert_eq!(metadata["existing_hold_id"], first.hold_id);
+    // Another account and amount under the same reference: the answer describes the first hold.
+    let other_terms = HoldRequest {
+        amount: Some(Money {
+            currency: "EUR".into(),
+            minor_units: 999,
+        }),
+        ..hold("order-1", "bob")
+    };
+    for second in [hold("order-1", "alice"), other_terms] {
+        let status = stubs.wallet.hold(second).await.unwrap_err();
+        let metadata = error_info(
+            &status,
+            Code::AlreadyExists,
+            "wallet.v1",
+            "DUPLICATE_REFERENCE",
+        );
+        assert_eq!(metadata["existing_hold_id"], first.hold_id);
+        assert_eq!(metadata["account_id"], "alice");
+        assert_eq!(metadata["currency"], "USD");
+        assert_eq!(metadata["minor_units"], "4200");
+    }
 
     let effects = stubs.effects("wallet").await;
     assert_eq!(effects.len(), 1);

@@ -63,7 +63,9 @@ impl Ledger {
     }
 
     /// Places a hold, unless the request is invalid, the account is poor or the reference is
-    /// already held (ALREADY_EXISTS `DUPLICATE_REFERENCE` with `existing_hold_id`, no effect).
+    /// already held: ALREADY_EXISTS `DUPLICATE_REFERENCE`, no effect, with the EXISTING hold's
+    /// terms in the ErrorInfo metadata (`existing_hold_id`, `account_id`, `currency`,
+    /// `minor_units` as a decimal string) so the caller can tell its own hold from another's.
     pub(crate) fn hold(&mut self, request: HoldRequest) -> Applied<HoldResponse> {
         let mut violations = Vec::new();
         if request.reference.is_empty() {
@@ -169,14 +171,25 @@ impl Ledger {
     }
 }
 
-/// ALREADY_EXISTS `DUPLICATE_REFERENCE` naming the hold that already exists.
+/// ALREADY_EXISTS `DUPLICATE_REFERENCE` carrying the terms of the hold that already exists.
 fn duplicate_reference(existing: &HoldRecord) -> Status {
+    // Every hold kept passed validation, which requires an amount; were one missing, it would
+    // read as 0 of no currency rather than fail.
+    let amount = existing.amount.clone().unwrap_or_default();
     error_info(
         Code::AlreadyExists,
-        format!("a hold exists for reference {:?}", existing.reference),
+        format!(
+            "a hold exists for reference {:?}: {} {} on account {:?}",
+            existing.reference, amount.minor_units, amount.currency, existing.account_id
+        ),
         DOMAIN,
         "DUPLICATE_REFERENCE",
-        &[("existing_hold_id", &existing.hold_id)],
+        &[
+            ("existing_hold_id", &existing.hold_id),
+            ("account_id", &existing.account_id),
+            ("currency", &amount.currency),
+            ("minor_units", &amount.minor_units.to_string()),
+        ],
     )
 }
 
