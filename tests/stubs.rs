@@ -20,11 +20,17 @@ use checkout::proto::wallet::v1::wallet_service_client::WalletServiceClient;
 use checkout::proto::wallet::v1::{
     CaptureRequest, HoldRequest, HoldState, LookupByReferenceRequest, Money, ReleaseRequest,
 };
-use checkout::stubs::{BehaviorSpec, StubServer};
+use checkout::stubs::{BehaviorSpec, StubConfig, StubServer};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
+
+/// How long a poll waits for what it expects before it fails the test.
+const POLL_LIMIT: Duration = Duration::from_secs(5);
+
+/// The pause between two polls.
+const POLL_EVERY: Duration = Duration::from_millis(20);
 
 /// Clients of every service on one stub server.
 struct Stubs {
@@ -41,8 +47,16 @@ async fn start_stubs() -> Stubs {
 }
 
 async fn start_stubs_with(initial: Vec<BehaviorSpec>) -> Stubs {
+    start_stubs_configured(StubConfig {
+        behaviors: initial,
+        ..StubConfig::default()
+    })
+    .await
+}
+
+async fn start_stubs_configured(config: StubConfig) -> Stubs {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = StubServer::start(listener, initial).await.unwrap();
+    let server = StubServer::start_with(listener, config).await.unwrap();
     let channel = Channel::from_shared(server.uri())
         .unwrap()
         .connect()
@@ -109,21 +123,46 @@ impl Stubs {
             .effects
     }
 
-    /// Waits (up to 5 s) until `method`'s stats satisfy `done`: a cancellation reaches the
-    /// server a moment after the client gives up.
+    /// Polls until `method`'s stats satisfy `done` (a cancellation reaches the server a moment
+    /// after the client gives up); fails the test with the last stats seen after `POLL_LIMIT`.
     async fn stats_until(
         &mut self,
         service: &str,
         method: &str,
         done: impl Fn(&MethodStats) -> bool,
     ) -> MethodStats {
-        let give_up = Instant::now() + Duration::from_secs(5);
+        let give_up = Instant::now() + POLL_LIMIT;
         loop {
             let stats = self.stats(service, method).await;
-            if done(&stats) || Instant::now() > give_up {
+            if done(&stats) {
                 return stats;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(
+                Instant::now() < give_up,
+                "{service}.{method} stats never got there within {POLL_LIMIT:?}; last seen: {stats:?}"
+            );
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+    }
+
+    /// Polls until the effect log of `service` satisfies `done`; fails the test with the last log
+    /// seen after `POLL_LIMIT`.
+    async fn effects_until(
+        &mut self,
+        service: &str,
+        done: impl Fn(&[Effect]) -> bool,
+    ) -> Vec<Effect> {
+        let give_up = Instant::now() + POLL_LIMIT;
+        loop {
+            let effects = self.effects(service).await;
+            if done(&effects) {
+                return effects;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "the {service:?} effects never got there within {POLL_LIMIT:?}; last seen: {effects:?}"
+            );
+            tokio::time::sleep(POLL_EVERY).await;
         }
     }
 }
@@ -632,7 +671,6 @@ async fn latency_delays_the_effect_so_a_call_cancelled_earlier_applies_nothing()
     stubs
         .configure("wallet", "Hold", behavior(600, Fault::None))
         .await;
-    let started = Instant::now();
     let mut wallet = stubs.wallet.clone();
     never_answers(
         wallet.hold(hold("order-1", "alice")),
@@ -642,10 +680,10 @@ async fn latency_delays_the_effect_so_a_call_cancelled_earlier_applies_nothing()
     stubs
         .stats_until("wallet", "Hold", |s| s.cancelled == 1)
         .await;
-    // Well past the moment the effect would have landed.
-    tokio::time::sleep_until((started + Duration::from_millis(1200)).into()).await;
     assert!(stubs.effects("").await.is_empty());
 
+    // order-2 arrives at least 100 ms after order-1 with the same latency, so its effect lands
+    // after the moment order-1's would have: once it has, order-1's moment has passed too.
     let started = Instant::now();
     stubs.wallet.hold(hold("order-2", "alice")).await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(600));
@@ -777,9 +815,18 @@ async fn a_hold_that_outlives_its_grpc_timeout_is_dropped_before_its_effect() {
         .stats_until("wallet", "Hold", |s| s.cancelled == 1)
         .await;
     assert_eq!(stats.cancelled, 1);
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert!(stubs.effects("").await.is_empty());
+
+    // A marker hold sent now, with the same latency and room to finish, applies its effect after
+    // the moment order-1's would have landed: once it shows, order-1's moment has passed.
+    let mut marker = Request::new(hold("order-marker", "alice"));
+    marker.set_timeout(Duration::from_secs(30));
+    let mut wallet = stubs.wallet.clone();
+    let marker = tokio::spawn(async move { wallet.hold(marker).await });
+    let effects = stubs.effects_until("", |e| !e.is_empty()).await;
+    let references: Vec<&str> = effects.iter().map(|e| e.reference.as_str()).collect();
+    assert_eq!(references, ["order-marker"], "order-1 applied nothing");
     assert_eq!(stubs.wallet_stats().await.effects_after_deadline, 0);
+    marker.abort();
     stubs.server.stop().await;
 }
 
@@ -801,9 +848,17 @@ async fn an_effect_applied_after_the_callers_x_request_deadline_is_counted() {
     request
         .metadata_mut()
         .insert("x-request-deadline", deadline_ms.into());
-    let hung = tokio::time::timeout(Duration::from_millis(1500), stubs.wallet.hold(request)).await;
-    assert!(hung.is_err(), "an ambiguous hold never answers");
-    let effects = stubs.effects("wallet").await;
+    let sent = Instant::now();
+    let mut wallet = stubs.wallet.clone();
+    let mut call = tokio::spawn(async move { wallet.hold(request).await });
+    let effects = stubs.effects_until("wallet", |e| !e.is_empty()).await;
+    // An ambiguous hold never answers: still nothing 1.5 s after it was sent.
+    never_answers(
+        &mut call,
+        Duration::from_millis(1500).saturating_sub(sent.elapsed()),
+    )
+    .await;
+    call.abort();
     assert_eq!(effects.len(), 1);
     let effect = &effects[0];
     let applied = effect.applied_at.expect("applied_at");
