@@ -13,8 +13,8 @@ use checkout::proto::inventory::v1::inventory_service_client::InventoryServiceCl
 use checkout::proto::inventory::v1::{CommitRequest, Item, ReserveRequest};
 use checkout::proto::stub::v1::stub_control_client::StubControlClient;
 use checkout::proto::stub::v1::{
-    Behavior, ConfigureRequest, Effect, Fault, GetStatsRequest, ListEffectsRequest, MethodStats,
-    ResetRequest, WalletStats,
+    Behavior, ConfigureRequest, Effect, Fault, GetStatsRequest, HistoryStats, ListEffectsRequest,
+    MethodStats, ResetRequest, WalletStats,
 };
 use checkout::proto::wallet::v1::wallet_service_client::WalletServiceClient;
 use checkout::proto::wallet::v1::{
@@ -49,6 +49,15 @@ async fn start_stubs() -> Stubs {
 async fn start_stubs_with(initial: Vec<BehaviorSpec>) -> Stubs {
     start_stubs_configured(StubConfig {
         behaviors: initial,
+        ..StubConfig::default()
+    })
+    .await
+}
+
+/// Stubs keeping at most `capacity` entries per bounded history.
+async fn start_stubs_keeping(capacity: usize) -> Stubs {
+    start_stubs_configured(StubConfig {
+        history_capacity: capacity.try_into().unwrap(),
         ..StubConfig::default()
     })
     .await
@@ -110,6 +119,16 @@ impl Stubs {
             .into_inner()
             .wallet
             .unwrap()
+    }
+
+    async fn history(&mut self) -> HistoryStats {
+        self.control
+            .get_stats(GetStatsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .history
+            .expect("GetStats always reports the history")
     }
 
     async fn effects(&mut self, service: &str) -> Vec<Effect> {
@@ -1177,4 +1196,165 @@ async fn stop_finishes_even_while_a_call_hangs() {
     let stopped = tokio::time::timeout(Duration::from_secs(10), stubs.server.stop()).await;
     assert!(stopped.is_ok(), "stop did not finish");
     hanging.abort();
+}
+
+/// ListEffects lists only the most recent `capacity` effects, in applied order; GetStats counts
+/// the older ones dropped, and Reset forgets the counts but keeps the capacity.
+#[tokio::test]
+async fn list_effects_keeps_the_most_recent_effects_and_get_stats_counts_the_dropped_ones() {
+    let mut stubs = start_stubs_keeping(3).await;
+    for n in 1..=5 {
+        let reference = format!("order-{n}");
+        stubs.wallet.hold(hold(&reference, "alice")).await.unwrap();
+    }
+    let references: Vec<String> = stubs
+        .effects("")
+        .await
+        .into_iter()
+        .map(|e| e.reference)
+        .collect();
+    assert_eq!(references, ["order-3", "order-4", "order-5"]);
+    let history = stubs.history().await;
+    assert_eq!(
+        (
+            history.capacity,
+            history.effects_retained,
+            history.effects_dropped
+        ),
+        (3, 3, 2)
+    );
+    // Five holds, all active: none evicted, though more than the capacity.
+    assert_eq!((history.records_retained, history.records_evicted), (5, 0));
+
+    stubs.control.reset(ResetRequest {}).await.unwrap();
+    assert_eq!(
+        stubs.history().await,
+        HistoryStats {
+            capacity: 3,
+            ..HistoryStats::default()
+        }
+    );
+    stubs.server.stop().await;
+}
+
+/// Past the capacity, the hold that was captured first is evicted and forgotten — lookup answers
+/// NOT_FOUND and a new Hold for its reference is a new hold — while every reference still kept
+/// answers DUPLICATE_REFERENCE; the wallet's captured count still includes the evicted hold.
+#[tokio::test]
+async fn duplicates_are_detected_for_every_retained_hold_and_an_evicted_one_is_forgotten() {
+    let mut stubs = start_stubs_keeping(2).await;
+    let w = &mut stubs.wallet;
+    let mut hold_ids = Vec::new();
+    for reference in ["a", "b", "c"] {
+        let held = w.hold(hold(reference, "alice")).await.unwrap().into_inner();
+        hold_ids.push(held.hold.unwrap().hold_id);
+        w.capture(CaptureRequest {
+            reference: reference.into(),
+        })
+        .await
+        .unwrap();
+    }
+
+    for (reference, hold_id) in [("b", &hold_ids[1]), ("c", &hold_ids[2])] {
+        let status = w.hold(hold(reference, "alice")).await.unwrap_err();
+        let metadata = error_info(
+            &status,
+            Code::AlreadyExists,
+            "wallet.v1",
+            "DUPLICATE_REFERENCE",
+        );
+        assert_eq!(&metadata["existing_hold_id"], hold_id, "{reference}");
+        let kept = w.lookup_by_reference(lookup(reference)).await.unwrap();
+        assert_eq!(kept.get_ref().state(), HoldState::Captured);
+    }
+    let evicted = w.lookup_by_reference(lookup("a")).await.unwrap_err();
+    assert_eq!(evicted.code(), Code::NotFound);
+    let again = w.hold(hold("a", "alice")).await.unwrap().into_inner();
+    assert_ne!(
+        again.hold.unwrap().hold_id,
+        hold_ids[0],
+        "a forgotten reference"
+    );
+
+    let history = stubs.history().await;
+    // Kept: captured b and c, active a; evicted: the first a.
+    assert_eq!((history.records_retained, history.records_evicted), (3, 1));
+    let wallet = stubs.wallet_stats().await;
+    assert_eq!((wallet.holds_active, wallet.holds_captured), (1, 3));
+    stubs.server.stop().await;
+}
+
+/// However many holds and reservations finish, the active holds and held reservations are all
+/// kept: found by reference, deduplicated, and still able to complete.
+#[tokio::test]
+async fn active_holds_and_held_reservations_are_never_evicted() {
+    let mut stubs = start_stubs_keeping(1).await;
+    let live: Vec<String> = (0..5).map(|n| format!("live-{n}")).collect();
+    for reference in &live {
+        stubs.wallet.hold(hold(reference, "alice")).await.unwrap();
+        stubs
+            .inventory
+            .reserve(reserve(reference, "sku-1"))
+            .await
+            .unwrap();
+    }
+    for n in 0..10 {
+        let reference = format!("done-{n}");
+        stubs.wallet.hold(hold(&reference, "alice")).await.unwrap();
+        stubs
+            .wallet
+            .release(ReleaseRequest {
+                reference: reference.clone(),
+            })
+            .await
+            .unwrap();
+        stubs
+            .inventory
+            .reserve(reserve(&reference, "sku-1"))
+            .await
+            .unwrap();
+        stubs
+            .inventory
+            .release(inventory::v1::ReleaseRequest { reference })
+            .await
+            .unwrap();
+    }
+    let history = stubs.history().await;
+    // Per collection: the 5 live records plus the last finished one; 9 finished evicted from each.
+    assert_eq!(
+        (history.records_retained, history.records_evicted),
+        (12, 18)
+    );
+
+    for reference in &live {
+        let status = stubs
+            .wallet
+            .hold(hold(reference, "alice"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::AlreadyExists,
+            "{reference}: {status:?}"
+        );
+        stubs
+            .inventory
+            .commit(CommitRequest {
+                reference: reference.clone(),
+            })
+            .await
+            .unwrap();
+        let captured = stubs
+            .wallet
+            .capture(CaptureRequest {
+                reference: reference.clone(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            captured.into_inner().hold.unwrap().state(),
+            HoldState::Captured
+        );
+    }
+    stubs.server.stop().await;
 }

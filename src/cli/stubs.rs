@@ -42,3 +42,35 @@ pub async fn run(args: StubsArgs) -> anyhow::Result<()> {
     crate::stubs::serve(listener, config, super::signal::shutdown()).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: StubsArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<StubsArgs, clap::Error> {
+        let argv = std::iter::once("stubs").chain(flags.iter().copied());
+        Command::try_parse_from(argv).map(|c| c.args)
+    }
+
+    /// The history capacity defaults to `StubConfig::DEFAULT_HISTORY_CAPACITY`, takes any
+    /// positive count, and refuses 0 (ListEffects would always be empty).
+    #[test]
+    fn history_capacity_defaults_and_refuses_zero() {
+        let default = parse(&[]).unwrap();
+        assert_eq!(
+            default.history_capacity,
+            StubConfig::DEFAULT_HISTORY_CAPACITY
+        );
+        let set = parse(&["--history-capacity", "1000"]).unwrap();
+        assert_eq!(set.history_capacity.get(), 1000);
+        assert!(parse(&["--history-capacity", "0"]).is_err());
+    }
+}
