@@ -164,10 +164,14 @@ impl State {
         }
     }
 
-    /// Forgets behaviours, counters, data and effects; keeps the history capacity.
+    /// Forgets behaviours, counters, data and effects; keeps the history capacity. The old
+    /// history is freed after the lock is released, so calls do not wait on it.
     pub(crate) fn reset(&self) {
         let mut inner = self.lock();
-        *inner = Inner::new(inner.capacity, inner.generation + 1);
+        let fresh = Inner::new(inner.capacity, inner.generation + 1);
+        let old = std::mem::replace(&mut *inner, fresh);
+        drop(inner);
+        drop(old);
     }
 
     /// Counts a call's arrival and draws what it will do.
