@@ -13,18 +13,24 @@ use checkout::proto::inventory::v1::inventory_service_client::InventoryServiceCl
 use checkout::proto::inventory::v1::{CommitRequest, Item, ReserveRequest};
 use checkout::proto::stub::v1::stub_control_client::StubControlClient;
 use checkout::proto::stub::v1::{
-    Behavior, ConfigureRequest, Effect, Fault, GetStatsRequest, ListEffectsRequest, MethodStats,
-    ResetRequest, WalletStats,
+    Behavior, ConfigureRequest, Effect, Fault, GetStatsRequest, HistoryStats, ListEffectsRequest,
+    MethodStats, ResetRequest, WalletStats,
 };
 use checkout::proto::wallet::v1::wallet_service_client::WalletServiceClient;
 use checkout::proto::wallet::v1::{
     CaptureRequest, HoldRequest, HoldState, LookupByReferenceRequest, Money, ReleaseRequest,
 };
-use checkout::stubs::{BehaviorSpec, StubServer};
+use checkout::stubs::{BehaviorSpec, StubConfig, StubServer};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
+
+/// How long a poll waits for what it expects before it fails the test.
+const POLL_LIMIT: Duration = Duration::from_secs(5);
+
+/// The pause between two polls.
+const POLL_EVERY: Duration = Duration::from_millis(20);
 
 /// Clients of every service on one stub server.
 struct Stubs {
@@ -41,8 +47,25 @@ async fn start_stubs() -> Stubs {
 }
 
 async fn start_stubs_with(initial: Vec<BehaviorSpec>) -> Stubs {
+    start_stubs_configured(StubConfig {
+        behaviors: initial,
+        ..StubConfig::default()
+    })
+    .await
+}
+
+/// Stubs keeping at most `capacity` entries per bounded history.
+async fn start_stubs_keeping(capacity: usize) -> Stubs {
+    start_stubs_configured(StubConfig {
+        history_capacity: capacity.try_into().unwrap(),
+        ..StubConfig::default()
+    })
+    .await
+}
+
+async fn start_stubs_configured(config: StubConfig) -> Stubs {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = StubServer::start(listener, initial).await.unwrap();
+    let server = StubServer::start_with(listener, config).await.unwrap();
     let channel = Channel::from_shared(server.uri())
         .unwrap()
         .connect()
@@ -98,6 +121,16 @@ impl Stubs {
             .unwrap()
     }
 
+    async fn history(&mut self) -> HistoryStats {
+        self.control
+            .get_stats(GetStatsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .history
+            .expect("GetStats always reports the history")
+    }
+
     async fn effects(&mut self, service: &str) -> Vec<Effect> {
         self.control
             .list_effects(ListEffectsRequest {
@@ -109,21 +142,46 @@ impl Stubs {
             .effects
     }
 
-    /// Waits (up to 5 s) until `method`'s stats satisfy `done`: a cancellation reaches the
-    /// server a moment after the client gives up.
+    /// Polls until `method`'s stats satisfy `done` (a cancellation reaches the server a moment
+    /// after the client gives up); fails the test with the last stats seen after `POLL_LIMIT`.
     async fn stats_until(
         &mut self,
         service: &str,
         method: &str,
         done: impl Fn(&MethodStats) -> bool,
     ) -> MethodStats {
-        let give_up = Instant::now() + Duration::from_secs(5);
+        let give_up = Instant::now() + POLL_LIMIT;
         loop {
             let stats = self.stats(service, method).await;
-            if done(&stats) || Instant::now() > give_up {
+            if done(&stats) {
                 return stats;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(
+                Instant::now() < give_up,
+                "{service}.{method} stats never got there within {POLL_LIMIT:?}; last seen: {stats:?}"
+            );
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+    }
+
+    /// Polls until the effect log of `service` satisfies `done`; fails the test with the last log
+    /// seen after `POLL_LIMIT`.
+    async fn effects_until(
+        &mut self,
+        service: &str,
+        done: impl Fn(&[Effect]) -> bool,
+    ) -> Vec<Effect> {
+        let give_up = Instant::now() + POLL_LIMIT;
+        loop {
+            let effects = self.effects(service).await;
+            if done(&effects) {
+                return effects;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "the {service:?} effects never got there within {POLL_LIMIT:?}; last seen: {effects:?}"
+            );
+            tokio::time::sleep(POLL_EVERY).await;
         }
     }
 }
@@ -412,9 +470,10 @@ async fn invalid_holds_and_poor_accounts_are_refused_without_effect() {
 }
 
 /// A second Hold with the same reference answers ALREADY_EXISTS ErrorInfo DUPLICATE_REFERENCE
-/// with `existing_hold_id`, and applies nothing.
+/// carrying the EXISTING hold's id, account and amount (not the second request's), and applies
+/// nothing.
 #[tokio::test]
-async fn a_second_hold_for_a_reference_answers_duplicate_reference_with_the_existing_hold_id() {
+async fn a_second_hold_for_a_reference_answers_duplicate_reference_with_the_existing_holds_terms() {
     let mut stubs = start_stubs().await;
     let first = stubs
         .wallet
@@ -428,18 +487,27 @@ async fn a_second_hold_for_a_reference_answers_duplicate_reference_with_the_exis
     assert_eq!(first.state(), HoldState::Active);
     assert_eq!(first.amount, usd(4200));
 
-    let status = stubs
-        .wallet
-        .hold(hold("order-1", "alice"))
-        .await
-        .unwrap_err();
-    let metadata = error_info(
-        &status,
-        Code::AlreadyExists,
-        "wallet.v1",
-        "DUPLICATE_REFERENCE",
-    );
-    assert_eq!(metadata["existing_hold_id"], first.hold_id);
+    // Another account and amount under the same reference: the answer describes the first hold.
+    let other_terms = HoldRequest {
+        amount: Some(Money {
+            currency: "EUR".into(),
+            minor_units: 999,
+        }),
+        ..hold("order-1", "bob")
+    };
+    for second in [hold("order-1", "alice"), other_terms] {
+        let status = stubs.wallet.hold(second).await.unwrap_err();
+        let metadata = error_info(
+            &status,
+            Code::AlreadyExists,
+            "wallet.v1",
+            "DUPLICATE_REFERENCE",
+        );
+        assert_eq!(metadata["existing_hold_id"], first.hold_id);
+        assert_eq!(metadata["account_id"], "alice");
+        assert_eq!(metadata["currency"], "USD");
+        assert_eq!(metadata["minor_units"], "4200");
+    }
 
     let effects = stubs.effects("wallet").await;
     assert_eq!(effects.len(), 1);
@@ -622,7 +690,6 @@ async fn latency_delays_the_effect_so_a_call_cancelled_earlier_applies_nothing()
     stubs
         .configure("wallet", "Hold", behavior(600, Fault::None))
         .await;
-    let started = Instant::now();
     let mut wallet = stubs.wallet.clone();
     never_answers(
         wallet.hold(hold("order-1", "alice")),
@@ -632,10 +699,10 @@ async fn latency_delays_the_effect_so_a_call_cancelled_earlier_applies_nothing()
     stubs
         .stats_until("wallet", "Hold", |s| s.cancelled == 1)
         .await;
-    // Well past the moment the effect would have landed.
-    tokio::time::sleep_until((started + Duration::from_millis(1200)).into()).await;
     assert!(stubs.effects("").await.is_empty());
 
+    // order-2 arrives at least 100 ms after order-1 with the same latency, so its effect lands
+    // after the moment order-1's would have: once it has, order-1's moment has passed too.
     let started = Instant::now();
     stubs.wallet.hold(hold("order-2", "alice")).await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(600));
@@ -767,9 +834,18 @@ async fn a_hold_that_outlives_its_grpc_timeout_is_dropped_before_its_effect() {
         .stats_until("wallet", "Hold", |s| s.cancelled == 1)
         .await;
     assert_eq!(stats.cancelled, 1);
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert!(stubs.effects("").await.is_empty());
+
+    // A marker hold sent now, with the same latency and room to finish, applies its effect after
+    // the moment order-1's would have landed: once it shows, order-1's moment has passed.
+    let mut marker = Request::new(hold("order-marker", "alice"));
+    marker.set_timeout(Duration::from_secs(30));
+    let mut wallet = stubs.wallet.clone();
+    let marker = tokio::spawn(async move { wallet.hold(marker).await });
+    let effects = stubs.effects_until("", |e| !e.is_empty()).await;
+    let references: Vec<&str> = effects.iter().map(|e| e.reference.as_str()).collect();
+    assert_eq!(references, ["order-marker"], "order-1 applied nothing");
     assert_eq!(stubs.wallet_stats().await.effects_after_deadline, 0);
+    marker.abort();
     stubs.server.stop().await;
 }
 
@@ -791,9 +867,17 @@ async fn an_effect_applied_after_the_callers_x_request_deadline_is_counted() {
     request
         .metadata_mut()
         .insert("x-request-deadline", deadline_ms.into());
-    let hung = tokio::time::timeout(Duration::from_millis(1500), stubs.wallet.hold(request)).await;
-    assert!(hung.is_err(), "an ambiguous hold never answers");
-    let effects = stubs.effects("wallet").await;
+    let sent = Instant::now();
+    let mut wallet = stubs.wallet.clone();
+    let mut call = tokio::spawn(async move { wallet.hold(request).await });
+    let effects = stubs.effects_until("wallet", |e| !e.is_empty()).await;
+    // An ambiguous hold never answers: still nothing 1.5 s after it was sent.
+    never_answers(
+        &mut call,
+        Duration::from_millis(1500).saturating_sub(sent.elapsed()),
+    )
+    .await;
+    call.abort();
     assert_eq!(effects.len(), 1);
     let effect = &effects[0];
     let applied = effect.applied_at.expect("applied_at");
@@ -1112,4 +1196,165 @@ async fn stop_finishes_even_while_a_call_hangs() {
     let stopped = tokio::time::timeout(Duration::from_secs(10), stubs.server.stop()).await;
     assert!(stopped.is_ok(), "stop did not finish");
     hanging.abort();
+}
+
+/// ListEffects lists only the most recent `capacity` effects, in applied order; GetStats counts
+/// the older ones dropped, and Reset forgets the counts but keeps the capacity.
+#[tokio::test]
+async fn list_effects_keeps_the_most_recent_effects_and_get_stats_counts_the_dropped_ones() {
+    let mut stubs = start_stubs_keeping(3).await;
+    for n in 1..=5 {
+        let reference = format!("order-{n}");
+        stubs.wallet.hold(hold(&reference, "alice")).await.unwrap();
+    }
+    let references: Vec<String> = stubs
+        .effects("")
+        .await
+        .into_iter()
+        .map(|e| e.reference)
+        .collect();
+    assert_eq!(references, ["order-3", "order-4", "order-5"]);
+    let history = stubs.history().await;
+    assert_eq!(
+        (
+            history.capacity,
+            history.effects_retained,
+            history.effects_dropped
+        ),
+        (3, 3, 2)
+    );
+    // Five holds, all active: none evicted, though more than the capacity.
+    assert_eq!((history.records_retained, history.records_evicted), (5, 0));
+
+    stubs.control.reset(ResetRequest {}).await.unwrap();
+    assert_eq!(
+        stubs.history().await,
+        HistoryStats {
+            capacity: 3,
+            ..HistoryStats::default()
+        }
+    );
+    stubs.server.stop().await;
+}
+
+/// Past the capacity, the hold that was captured first is evicted and forgotten — lookup answers
+/// NOT_FOUND and a new Hold for its reference is a new hold — while every reference still kept
+/// answers DUPLICATE_REFERENCE; the wallet's captured count still includes the evicted hold.
+#[tokio::test]
+async fn duplicates_are_detected_for_every_retained_hold_and_an_evicted_one_is_forgotten() {
+    let mut stubs = start_stubs_keeping(2).await;
+    let w = &mut stubs.wallet;
+    let mut hold_ids = Vec::new();
+    for reference in ["a", "b", "c"] {
+        let held = w.hold(hold(reference, "alice")).await.unwrap().into_inner();
+        hold_ids.push(held.hold.unwrap().hold_id);
+        w.capture(CaptureRequest {
+            reference: reference.into(),
+        })
+        .await
+        .unwrap();
+    }
+
+    for (reference, hold_id) in [("b", &hold_ids[1]), ("c", &hold_ids[2])] {
+        let status = w.hold(hold(reference, "alice")).await.unwrap_err();
+        let metadata = error_info(
+            &status,
+            Code::AlreadyExists,
+            "wallet.v1",
+            "DUPLICATE_REFERENCE",
+        );
+        assert_eq!(&metadata["existing_hold_id"], hold_id, "{reference}");
+        let kept = w.lookup_by_reference(lookup(reference)).await.unwrap();
+        assert_eq!(kept.get_ref().state(), HoldState::Captured);
+    }
+    let evicted = w.lookup_by_reference(lookup("a")).await.unwrap_err();
+    assert_eq!(evicted.code(), Code::NotFound);
+    let again = w.hold(hold("a", "alice")).await.unwrap().into_inner();
+    assert_ne!(
+        again.hold.unwrap().hold_id,
+        hold_ids[0],
+        "a forgotten reference"
+    );
+
+    let history = stubs.history().await;
+    // Kept: captured b and c, active a; evicted: the first a.
+    assert_eq!((history.records_retained, history.records_evicted), (3, 1));
+    let wallet = stubs.wallet_stats().await;
+    assert_eq!((wallet.holds_active, wallet.holds_captured), (1, 3));
+    stubs.server.stop().await;
+}
+
+/// However many holds and reservations finish, the active holds and held reservations are all
+/// kept: found by reference, deduplicated, and still able to complete.
+#[tokio::test]
+async fn active_holds_and_held_reservations_are_never_evicted() {
+    let mut stubs = start_stubs_keeping(1).await;
+    let live: Vec<String> = (0..5).map(|n| format!("live-{n}")).collect();
+    for reference in &live {
+        stubs.wallet.hold(hold(reference, "alice")).await.unwrap();
+        stubs
+            .inventory
+            .reserve(reserve(reference, "sku-1"))
+            .await
+            .unwrap();
+    }
+    for n in 0..10 {
+        let reference = format!("done-{n}");
+        stubs.wallet.hold(hold(&reference, "alice")).await.unwrap();
+        stubs
+            .wallet
+            .release(ReleaseRequest {
+                reference: reference.clone(),
+            })
+            .await
+            .unwrap();
+        stubs
+            .inventory
+            .reserve(reserve(&reference, "sku-1"))
+            .await
+            .unwrap();
+        stubs
+            .inventory
+            .release(inventory::v1::ReleaseRequest { reference })
+            .await
+            .unwrap();
+    }
+    let history = stubs.history().await;
+    // Per collection: the 5 live records plus the last finished one; 9 finished evicted from each.
+    assert_eq!(
+        (history.records_retained, history.records_evicted),
+        (12, 18)
+    );
+
+    for reference in &live {
+        let status = stubs
+            .wallet
+            .hold(hold(reference, "alice"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::AlreadyExists,
+            "{reference}: {status:?}"
+        );
+        stubs
+            .inventory
+            .commit(CommitRequest {
+                reference: reference.clone(),
+            })
+            .await
+            .unwrap();
+        let captured = stubs
+            .wallet
+            .capture(CaptureRequest {
+                reference: reference.clone(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            captured.into_inner().hold.unwrap().state(),
+            HoldState::Captured
+        );
+    }
+    stubs.server.stop().await;
 }

@@ -1,11 +1,12 @@
 //! `checkout stubs`: the four downstream stubs and StubControl on one port.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 
 use anyhow::Context;
 use clap::Args;
 
-use crate::stubs::BehaviorSpec;
+use crate::stubs::{BehaviorSpec, StubConfig};
 
 /// Flags of `checkout stubs`.
 #[derive(Debug, Args)]
@@ -18,6 +19,13 @@ pub struct StubsArgs {
     /// Example: --behavior wallet.Hold=latency:100,p99:400,fault:hang,prob:0.1
     #[arg(long = "behavior", value_name = "SPEC")]
     behaviors: Vec<BehaviorSpec>,
+    /// How many entries each bounded history keeps, so memory stays flat however long the run:
+    /// the effect log behind ListEffects (which then lists the most recent N effects), cart
+    /// snapshots, and captured/released holds and committed/released reservations, oldest
+    /// evicted first (counted in GetStats.history). An evicted reference is forgotten. Active
+    /// holds and held reservations are always kept.
+    #[arg(long, value_name = "N", default_value_t = StubConfig::DEFAULT_HISTORY_CAPACITY)]
+    history_capacity: NonZeroUsize,
 }
 
 /// Runs until SIGINT/SIGTERM.
@@ -27,6 +35,42 @@ pub async fn run(args: StubsArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     // One line on stdout with the bound address (useful with --listen 127.0.0.1:0).
     println!("checkout stubs serving on {}", listener.local_addr()?);
-    crate::stubs::serve(listener, args.behaviors, super::signal::shutdown()).await?;
+    let config = StubConfig {
+        behaviors: args.behaviors,
+        history_capacity: args.history_capacity,
+    };
+    crate::stubs::serve(listener, config, super::signal::shutdown()).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: StubsArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<StubsArgs, clap::Error> {
+        let argv = std::iter::once("stubs").chain(flags.iter().copied());
+        Command::try_parse_from(argv).map(|c| c.args)
+    }
+
+    /// The history capacity defaults to `StubConfig::DEFAULT_HISTORY_CAPACITY`, takes any
+    /// positive count, and refuses 0 (ListEffects would always be empty).
+    #[test]
+    fn history_capacity_defaults_and_refuses_zero() {
+        let default = parse(&[]).unwrap();
+        assert_eq!(
+            default.history_capacity,
+            StubConfig::DEFAULT_HISTORY_CAPACITY
+        );
+        let set = parse(&["--history-capacity", "1000"]).unwrap();
+        assert_eq!(set.history_capacity.get(), 1000);
+        assert!(parse(&["--history-capacity", "0"]).is_err());
+    }
 }

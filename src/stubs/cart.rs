@@ -1,13 +1,15 @@
 //! `cart.v1.CartService`: carts are derived from their id (`cart-<N>` totals N minor units USD,
 //! `missing-…` does not exist, anything else totals 4200), and the first freeze for an order
-//! reference is kept so a repeat answers the same snapshot.
+//! reference is kept so a repeat answers the same snapshot — for as long as the bounded history
+//! keeps it (the oldest snapshots are evicted first).
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
 use super::call::{self, Applied};
+use super::history::{Records, Tally};
 use super::method::Method;
 use super::state::State;
 use crate::proto::cart::v1::cart_service_server::CartService;
@@ -19,15 +21,29 @@ const CURRENCY: &str = "USD";
 /// The total of a cart whose id does not encode one.
 const DEFAULT_TOTAL: i64 = 4200;
 
-/// Frozen carts, by order reference.
-#[derive(Debug, Default)]
+/// Frozen carts, by order reference: the last `capacity` snapshots taken.
+#[derive(Debug)]
 pub(crate) struct Snapshots {
-    by_reference: HashMap<String, FreezeCartResponse>,
+    /// Every snapshot is final from the start, so the oldest is evicted first.
+    by_reference: Records<FreezeCartResponse>,
 }
 
 impl Snapshots {
-    /// The cart, frozen for the request's reference (a repeat answers the first snapshot).
-    /// Freezing changes nothing the orchestrator must undo, so it is never an effect.
+    /// No snapshots, with room for `capacity` of them.
+    pub(crate) fn new(capacity: NonZeroUsize) -> Self {
+        Self {
+            by_reference: Records::new(capacity),
+        }
+    }
+
+    /// Snapshots kept and evicted.
+    pub(crate) fn tally(&self) -> Tally {
+        self.by_reference.tally()
+    }
+
+    /// The cart, frozen for the request's reference (a repeat answers the first snapshot while it
+    /// is kept; an evicted one is taken afresh). Freezing changes nothing the orchestrator must
+    /// undo, so it is never an effect.
     pub(crate) fn freeze(&mut self, request: FreezeCartRequest) -> Applied<FreezeCartResponse> {
         if let Some(snapshot) = self.by_reference.get(&request.reference) {
             return Applied::unchanged(snapshot.clone());
@@ -37,7 +53,7 @@ impl Snapshots {
         };
         if !request.reference.is_empty() {
             self.by_reference
-                .insert(request.reference, snapshot.clone());
+                .insert_finished(&request.reference, snapshot.clone());
         }
         Applied::unchanged(snapshot)
     }

@@ -1,5 +1,6 @@
 //! `stub.v1.StubControl`: the control plane. `Configure` shapes a method's behaviour, `GetStats`
-//! and `ListEffects` read what the stubs saw, `Reset` forgets everything.
+//! and `ListEffects` read what the stubs saw (ListEffects: the most recent effects the bounded
+//! log keeps), `Reset` forgets everything.
 
 use std::sync::Arc;
 
@@ -85,6 +86,7 @@ impl StubControl for Control {
         Ok(Response::new(GetStatsResponse {
             methods: self.state.method_stats(only),
             wallet,
+            history: Some(self.state.history_stats()),
         }))
     }
 

@@ -1,12 +1,15 @@
 //! `inventory.v1.InventoryService`: reservations keyed by order reference. A sku containing `oos`
-//! is out of stock; Reserve, Commit and Release are idempotent per reference.
+//! is out of stock; Reserve, Commit and Release are idempotent per reference. A held reservation
+//! is kept until it is committed or released; after that the bounded history evicts it in turn,
+//! and an evicted reference is forgotten (Commit/Release answer NOT_FOUND, Reserve starts anew).
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use tonic::{Code, Request, Response, Status};
 
 use super::call::{self, Applied, bad_request, error_info};
+use super::history::{Records, Tally};
 use super::method::Method;
 use super::state::State;
 use crate::proto::inventory::v1::inventory_service_server::InventoryService;
@@ -34,15 +37,30 @@ struct Reservation {
     stage: Stage,
 }
 
-/// Every reservation, by order reference.
-#[derive(Debug, Default)]
+/// Reservations by order reference: every held one, and the last `capacity` that were committed
+/// or released.
+#[derive(Debug)]
 pub(crate) struct Reservations {
-    by_reference: HashMap<String, Reservation>,
+    /// Live while reserved; finished once committed or released.
+    by_reference: Records<Reservation>,
     /// The number in the last `res-<n>` id given out.
     last_id: u64,
 }
 
 impl Reservations {
+    /// No reservations, with room for `capacity` final ones.
+    pub(crate) fn new(capacity: NonZeroUsize) -> Self {
+        Self {
+            by_reference: Records::new(capacity),
+            last_id: 0,
+        }
+    }
+
+    /// Reservations kept and evicted.
+    pub(crate) fn tally(&self) -> Tally {
+        self.by_reference.tally()
+    }
+
     /// Reserves the items, unless one is out of stock (FAILED_PRECONDITION `OUT_OF_STOCK`). A
     /// repeat for the same reference answers the same reservation id and changes nothing.
     pub(crate) fn reserve(&mut self, request: ReserveRequest) -> Applied<ReserveResponse> {
@@ -76,7 +94,7 @@ impl Reservations {
             reservation_id: reservation.id.clone(),
         };
         self.by_reference
-            .insert(request.reference.clone(), reservation);
+            .insert_live(&request.reference, reservation);
         Applied::effect(response, &request.reference)
     }
 
@@ -102,6 +120,7 @@ impl Reservations {
             stage if stage == to => Applied::unchanged(()),
             Stage::Reserved => {
                 reservation.stage = to;
+                self.by_reference.finish(reference);
                 Applied::effect((), reference)
             }
             stage => Applied::rejected(error_info(

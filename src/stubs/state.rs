@@ -1,22 +1,26 @@
 //! Everything the stubs remember, behind one `std::sync::Mutex`: the behaviour and counters of
 //! each method, the service data (cart snapshots, inventory reservations, the wallet ledger) and
-//! the effect log. Critical sections are short and never span an `.await`.
+//! the effect log. Critical sections are short, O(1) per stubbed call, and never span an
+//! `.await`; what grows with traffic is bounded by the history capacity (see `history`).
 
+use std::num::NonZeroUsize;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use super::behavior::{Behavior, BehaviorSpec, Draw};
+use super::StubConfig;
+use super::behavior::{Behavior, Draw};
 use super::call::{Applied, Arrival};
 use super::cart::Snapshots;
+use super::history::{Ring, Tally};
 use super::inventory::Reservations;
 use super::method::{Method, Service};
 use super::wallet::Ledger;
 use crate::proto::stub::v1 as pb;
 
 /// The data the stubbed services read and change.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Data {
     /// Cart snapshots frozen per order reference.
     pub(crate) carts: Snapshots,
@@ -26,25 +30,68 @@ pub(crate) struct Data {
     pub(crate) wallet: Ledger,
 }
 
+impl Data {
+    /// No data, each collection with room for `capacity` final records.
+    fn new(capacity: NonZeroUsize) -> Self {
+        Self {
+            carts: Snapshots::new(capacity),
+            inventory: Reservations::new(capacity),
+            wallet: Ledger::new(capacity),
+        }
+    }
+}
+
+/// What the bounded collections keep and have let go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct History {
+    /// The most entries each collection keeps (live holds and reservations aside).
+    pub(crate) capacity: NonZeroUsize,
+    /// The effect log.
+    pub(crate) effects: Tally,
+    /// Cart snapshots.
+    pub(crate) carts: Tally,
+    /// Inventory reservations.
+    pub(crate) reservations: Tally,
+    /// Wallet holds.
+    pub(crate) holds: Tally,
+}
+
 /// The shared state of one stub server.
 #[derive(Debug)]
 pub(crate) struct State {
     inner: Mutex<Inner>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     /// Bumped by `Reset`, so calls that arrived before it do not touch the fresh counters.
     generation: u64,
+    /// How many entries each bounded collection keeps; survives `Reset`.
+    capacity: NonZeroUsize,
     /// Per method, indexed by [`Method::index`].
     behaviors: [Behavior; Method::COUNT],
     /// Per method, indexed by [`Method::index`].
     counters: [Counters; Method::COUNT],
     data: Data,
-    /// Every applied effect, in applied order.
-    effects: Vec<EffectRecord>,
+    /// The most recent applied effects, in applied order.
+    effects: Ring<EffectRecord>,
     /// Wallet effects applied after the deadline of the call that caused them.
     effects_after_deadline: u64,
+}
+
+impl Inner {
+    /// Default behaviours, zero counters, no data.
+    fn new(capacity: NonZeroUsize, generation: u64) -> Self {
+        Self {
+            generation,
+            capacity,
+            behaviors: Default::default(),
+            counters: Default::default(),
+            data: Data::new(capacity),
+            effects: Ring::new(capacity),
+            effects_after_deadline: 0,
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -88,12 +135,13 @@ pub(crate) enum Ending {
 }
 
 impl State {
-    /// Fresh state with `initial` behaviours applied in order (later specs win).
-    pub(crate) fn new(initial: Vec<BehaviorSpec>) -> Self {
+    /// Fresh state with the configured behaviours applied in order (later specs win) and the
+    /// configured history capacity.
+    pub(crate) fn new(config: StubConfig) -> Self {
         let state = Self {
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner::new(config.history_capacity, 0)),
         };
-        for spec in initial {
+        for spec in config.behaviors {
             state.configure(spec.service, spec.method, spec.behavior);
         }
         state
@@ -116,14 +164,14 @@ impl State {
         }
     }
 
-    /// Forgets behaviours, counters, data and effects.
+    /// Forgets behaviours, counters, data and effects; keeps the history capacity. The old
+    /// history is freed after the lock is released, so calls do not wait on it.
     pub(crate) fn reset(&self) {
         let mut inner = self.lock();
-        let generation = inner.generation + 1;
-        *inner = Inner {
-            generation,
-            ..Inner::default()
-        };
+        let fresh = Inner::new(inner.capacity, inner.generation + 1);
+        let old = std::mem::replace(&mut *inner, fresh);
+        drop(inner);
+        drop(old);
     }
 
     /// Counts a call's arrival and draws what it will do.
@@ -227,22 +275,58 @@ impl State {
         }
     }
 
-    /// The effect log of the selected services (`None`: all), in applied order.
-    pub(crate) fn effects(&self, only: Option<Service>) -> Vec<pb::Effect> {
+    /// What the bounded collections keep and have let go.
+    pub(crate) fn history(&self) -> History {
         let inner = self.lock();
-        inner
-            .effects
-            .iter()
-            .filter(|e| only.is_none_or(|s| s == e.method.service()))
+        History {
+            capacity: inner.capacity,
+            effects: inner.effects.tally(),
+            carts: inner.data.carts.tally(),
+            reservations: inner.data.inventory.tally(),
+            holds: inner.data.wallet.tally(),
+        }
+    }
+
+    /// [`State::history`] as `GetStats` reports it: per-reference records summed.
+    pub(crate) fn history_stats(&self) -> pb::HistoryStats {
+        let h = self.history();
+        let records = [h.carts, h.reservations, h.holds];
+        pb::HistoryStats {
+            capacity: widen(h.capacity.get()),
+            effects_retained: widen(h.effects.kept),
+            effects_dropped: h.effects.gone,
+            records_retained: records.iter().map(|t| widen(t.kept)).sum(),
+            records_evicted: records.iter().map(|t| t.gone).sum(),
+        }
+    }
+
+    /// The most recent effects of the selected services (`None`: all), in applied order: at most
+    /// the history capacity, copied under the lock and converted after it.
+    pub(crate) fn effects(&self, only: Option<Service>) -> Vec<pb::Effect> {
+        let kept: Vec<EffectRecord> = {
+            let inner = self.lock();
+            inner
+                .effects
+                .iter()
+                .filter(|e| only.is_none_or(|s| s == e.method.service()))
+                .cloned()
+                .collect()
+        };
+        kept.into_iter()
             .map(|e| pb::Effect {
                 service: e.method.service().as_str().to_owned(),
                 method: e.method.name().to_owned(),
-                reference: e.reference.clone(),
+                reference: e.reference,
                 applied_at: Some(e.applied_at.into()),
                 call_deadline: e.call_deadline.map(Into::into),
             })
             .collect()
     }
+}
+
+/// A count as a `uint64` field (`usize` is at most 64 bits on every target Rust supports).
+fn widen(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -266,7 +350,7 @@ mod tests {
     /// grpc-timeout first), so the accounting itself is checked here.
     #[test]
     fn a_wallet_effect_after_its_calls_deadline_is_counted() {
-        let state = State::new(Vec::new());
+        let state = State::new(StubConfig::default());
         let arrival = arrived(Duration::from_millis(150), Some(Duration::from_millis(100)));
         state
             .apply(Method::WalletCapture, &arrival, effect_on("order-1"))
@@ -281,7 +365,7 @@ mod tests {
 
     #[test]
     fn effects_within_the_deadline_or_without_one_are_not_late() {
-        let state = State::new(Vec::new());
+        let state = State::new(StubConfig::default());
         let in_time = arrived(Duration::from_millis(50), Some(Duration::from_secs(60)));
         let no_deadline = arrived(Duration::from_secs(60), None);
         let late = arrived(Duration::from_millis(150), Some(Duration::from_millis(100)));
@@ -305,7 +389,7 @@ mod tests {
 
     #[test]
     fn calls_that_arrived_before_a_reset_do_not_touch_the_new_counters() {
-        let state = State::new(Vec::new());
+        let state = State::new(StubConfig::default());
         let (ticket, _) = state.arrive(Method::FraudScore, &arrived(Duration::ZERO, None));
         state.reset();
         state.finish(ticket, Ending::Cancelled);

@@ -1,12 +1,18 @@
 //! `wallet.v1.WalletService`: a ledger of holds keyed by order reference. Holds are deduplicated by
 //! reference; accounts starting `poor-` have no funds; capture and release are idempotent.
+//!
+//! An active hold is kept until it is captured or released; after that the bounded history evicts
+//! it in turn. A reference evicted is forgotten: Capture, Release and LookupByReference answer
+//! NOT_FOUND, and a new Hold for it is no duplicate but a new hold. Fine for a stub: size the
+//! capacity above the orders a run finishes within its longest retry window.
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use tonic::{Code, Request, Response, Status};
 
 use super::call::{self, Applied, bad_request, error_info};
+use super::history::{Records, Tally};
 use super::method::Method;
 use super::state::State;
 use crate::proto::wallet::v1::wallet_service_server::WalletService;
@@ -21,15 +27,19 @@ const DOMAIN: &str = "wallet.v1";
 /// Accounts with this prefix have a balance of 0.
 const POOR_PREFIX: &str = "poor-";
 
-/// Every hold, by order reference.
-#[derive(Debug, Default)]
+/// Holds by order reference: every active one, and the last `capacity` captured or released.
+#[derive(Debug)]
 pub(crate) struct Ledger {
-    holds: HashMap<String, HoldRecord>,
+    /// Live while active; finished once captured or released.
+    holds: Records<HoldRecord>,
+    /// Kept as holds change state, so reading them costs nothing and evictions do not change them.
+    counts: HoldCounts,
     /// The number in the last `hold-<n>` id given out.
     last_id: u64,
 }
 
-/// How many holds are in each state.
+/// Holds active now, and holds captured and released since the ledger was created (evicted
+/// ones included).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct HoldCounts {
     pub(crate) active: u64,
@@ -38,8 +48,24 @@ pub(crate) struct HoldCounts {
 }
 
 impl Ledger {
+    /// No holds, with room for `capacity` final ones.
+    pub(crate) fn new(capacity: NonZeroUsize) -> Self {
+        Self {
+            holds: Records::new(capacity),
+            counts: HoldCounts::default(),
+            last_id: 0,
+        }
+    }
+
+    /// Holds kept and evicted.
+    pub(crate) fn tally(&self) -> Tally {
+        self.holds.tally()
+    }
+
     /// Places a hold, unless the request is invalid, the account is poor or the reference is
-    /// already held (ALREADY_EXISTS `DUPLICATE_REFERENCE` with `existing_hold_id`, no effect).
+    /// already held: ALREADY_EXISTS `DUPLICATE_REFERENCE`, no effect, with the EXISTING hold's
+    /// terms in the ErrorInfo metadata (`existing_hold_id`, `account_id`, `currency`,
+    /// `minor_units` as a decimal string) so the caller can tell its own hold from another's.
     pub(crate) fn hold(&mut self, request: HoldRequest) -> Applied<HoldResponse> {
         let mut violations = Vec::new();
         if request.reference.is_empty() {
@@ -55,13 +81,7 @@ impl Ledger {
             return Applied::rejected(bad_request(violations));
         }
         if let Some(existing) = self.holds.get(&request.reference) {
-            return Applied::rejected(error_info(
-                Code::AlreadyExists,
-                format!("a hold exists for reference {:?}", request.reference),
-                DOMAIN,
-                "DUPLICATE_REFERENCE",
-                &[("existing_hold_id", &existing.hold_id)],
-            ));
+            return Applied::rejected(duplicate_reference(existing));
         }
         if request.account_id.starts_with(POOR_PREFIX) {
             return Applied::rejected(error_info(
@@ -80,7 +100,8 @@ impl Ledger {
             amount: request.amount,
             state: HoldState::Active.into(),
         };
-        self.holds.insert(hold.reference.clone(), hold.clone());
+        self.holds.insert_live(&hold.reference, hold.clone());
+        self.counts.active += 1;
         let reference = hold.reference.clone();
         Applied::effect(HoldResponse { hold: Some(hold) }, &reference)
     }
@@ -105,18 +126,9 @@ impl Ledger {
         }
     }
 
-    /// Holds per state.
+    /// Holds active now, and captured and released so far.
     pub(crate) fn counts(&self) -> HoldCounts {
-        let mut counts = HoldCounts::default();
-        for hold in self.holds.values() {
-            match hold.state() {
-                HoldState::Active => counts.active += 1,
-                HoldState::Captured => counts.captured += 1,
-                HoldState::Released => counts.released += 1,
-                HoldState::Unspecified => {}
-            }
-        }
-        counts
+        self.counts
     }
 
     /// Active → `to` (an effect); already `to` → OK unchanged; the other final state →
@@ -135,7 +147,15 @@ impl Ledger {
             Applied::unchanged(hold.clone())
         } else if from == HoldState::Active {
             hold.set_state(to);
-            Applied::effect(hold.clone(), reference)
+            let record = hold.clone();
+            self.holds.finish(reference);
+            self.counts.active = self.counts.active.saturating_sub(1);
+            match to {
+                HoldState::Captured => self.counts.captured += 1,
+                HoldState::Released => self.counts.released += 1,
+                HoldState::Active | HoldState::Unspecified => {}
+            }
+            Applied::effect(record, reference)
         } else {
             Applied::rejected(error_info(
                 Code::FailedPrecondition,
@@ -149,6 +169,28 @@ impl Ledger {
             ))
         }
     }
+}
+
+/// ALREADY_EXISTS `DUPLICATE_REFERENCE` carrying the terms of the hold that already exists.
+fn duplicate_reference(existing: &HoldRecord) -> Status {
+    // Every hold kept passed validation, which requires an amount; were one missing, it would
+    // read as 0 of no currency rather than fail.
+    let amount = existing.amount.clone().unwrap_or_default();
+    error_info(
+        Code::AlreadyExists,
+        format!(
+            "a hold exists for reference {:?}: {} {} on account {:?}",
+            existing.reference, amount.minor_units, amount.currency, existing.account_id
+        ),
+        DOMAIN,
+        "DUPLICATE_REFERENCE",
+        &[
+            ("existing_hold_id", &existing.hold_id),
+            ("account_id", &existing.account_id),
+            ("currency", &amount.currency),
+            ("minor_units", &amount.minor_units.to_string()),
+        ],
+    )
 }
 
 fn not_found(reference: &str) -> Status {
