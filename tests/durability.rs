@@ -149,6 +149,67 @@ async fn orders_left_in_every_phase_by_a_crash_are_finished_after_restart() {
     h.stop().await;
 }
 
+/// An order resumed after a crash re-sends its hold under its reference. The wallet answers
+/// DUPLICATE_REFERENCE: a success when the existing hold is this order's (same account and
+/// amount: see the crash test's "landed" order), but a hold under the reference with other
+/// terms is not this order's money — the order is DECLINED WALLET_REJECTED, never CONFIRMED,
+/// and nothing is captured.
+#[tokio::test]
+async fn a_duplicate_reference_with_other_terms_is_not_a_success() {
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = checkout::store::open(&test_config(&stubs, dir.path()).store)
+        .await
+        .unwrap();
+    let now = now_ms();
+    let new = request("foreign", "cart-102").to_new_order(now - 3000, now - 3000);
+    assert!(matches!(
+        store.begin(&new, now - 1, LIMIT).await.unwrap(),
+        Begin::Created(_)
+    ));
+    let total = Money {
+        currency: "USD".into(),
+        minor_units: 102,
+    };
+    store
+        .record_hold_intent(&new.order_id, &total, now - 2900, LIMIT)
+        .await
+        .unwrap();
+    // Someone else's hold under this reference: another account, another amount.
+    let mut wallet = WalletServiceClient::connect(stubs.uri()).await.unwrap();
+    wallet
+        .hold(HoldRequest {
+            reference: new.order_id.clone(),
+            account_id: "someone-else".into(),
+            amount: Some(WalletMoney {
+                currency: "USD".into(),
+                minor_units: 999,
+            }),
+        })
+        .await
+        .unwrap();
+    drop(store);
+
+    let h = start_on(stubs, dir, |_| {}).await;
+    let o = h
+        .wait_for(&new.order_id, 20 * SECOND, |o| {
+            o.status() != OrderStatus::Pending
+        })
+        .await;
+    assert_eq!(
+        (o.status(), o.reason.as_str()),
+        (OrderStatus::Declined, "WALLET_REJECTED"),
+        "{o:?}"
+    );
+    assert_eq!(h.effects_on("Capture", &new.order_id).await, 0);
+    assert_eq!(
+        h.effects_on("Hold", &new.order_id).await,
+        1,
+        "only the foreign hold"
+    );
+    h.stop().await;
+}
+
 /// AMBIGUOUS wallet (the hold applies, the answer never comes) with no time left for the
 /// lookup: PENDING WALLET_OUTCOME_UNKNOWN, then CONFIRMED by the reconciler — one hold.
 #[tokio::test]

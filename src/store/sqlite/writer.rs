@@ -302,3 +302,74 @@ async fn rollback(conn: &mut Conn) {
         tracing::debug!(error = %e, "rollback after a failed group");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::Row;
+
+    /// A write that fails before it runs a single statement, in the same group as a write that
+    /// succeeded, is rolled back alone: the writer opened a savepoint of its own for it, so
+    /// the rollback cannot reach back into the earlier write, which stays committed.
+    #[tokio::test]
+    async fn a_write_failing_before_any_statement_leaves_the_earlier_write_of_its_group() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let mut conn = SqliteConnection::connect(&url).await.expect("open");
+        sqlx::raw_sql("CREATE TABLE t (x INTEGER NOT NULL)")
+            .execute(&mut conn)
+            .await
+            .expect("table");
+        let writer = std::sync::Arc::new(Writer::start(conn, |_| false));
+        let limit = Duration::from_secs(5);
+
+        // Holds the writer busy so that the next two writes are queued into one group.
+        let busy = {
+            let writer = std::sync::Arc::clone(&writer);
+            tokio::spawn(async move {
+                writer
+                    .write(limit, (), |_, _| {
+                        Box::pin(async {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            Ok(())
+                        })
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let insert = writer.write(limit, 7_i64, |conn, x| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO t (x) VALUES ($1)")
+                    .bind(*x)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            })
+        });
+        let fail = writer.write(limit, (), |_, _| {
+            Box::pin(async {
+                Err::<(), Fail>(Fail::Store(StoreError::Corrupt(
+                    "refused before any statement".into(),
+                )))
+            })
+        });
+        let (inserted, failed) = tokio::join!(insert, fail);
+        busy.await.expect("joined").expect("busy write");
+        inserted.expect("the earlier write commits");
+        assert!(matches!(failed, Err(StoreError::Corrupt(_))), "{failed:?}");
+        let count = writer
+            .write(limit, (), |conn, _| {
+                Box::pin(async move {
+                    let row = sqlx::query("SELECT COUNT(*) AS n FROM t WHERE x = 7")
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    Ok(row.try_get::<i64, _>("n")?)
+                })
+            })
+            .await
+            .expect("count");
+        assert_eq!(count, 1);
+        writer.close().await;
+    }
+}
