@@ -10,7 +10,9 @@
 //! - [`checkout`]: the gRPC service, request validation, the flow (cart → fraud ∥ inventory →
 //!   hold → decision), the outcomes it can reach, and the one mapping of errors to `Status`.
 //! - [`deadline`]: reading the caller's deadline from metadata (`grpc-timeout`, ...).
-//! - [`budget`]: admission, child budgets carved from the deadline, and the budget waterfall.
+//! - [`budget`]: admission by deadline, child budgets carved from it, and the budget waterfall.
+//! - [`admission`]: an adaptive concurrency limiter (gradient style, after Netflix
+//!   concurrency-limits and Envoy's adaptive concurrency filter).
 //! - [`downstream`]: the shared clients of cart, fraud, inventory and wallet; the one call path
 //!   that stamps every call with its budget; classification of failures (SPEC §5).
 //! - [`store`]: durable orders and follow-up jobs (SQLite by default, PostgreSQL for replicas).
