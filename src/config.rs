@@ -5,6 +5,8 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
+pub use crate::tls::{DownstreamTlsConfig, TlsConfig};
+
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -55,6 +57,12 @@ pub struct Config {
     pub store: StoreConfig,
     /// Limits of the gRPC server itself.
     pub server: ServerPolicy,
+    /// TLS of the orchestrator's own listener (plaintext when unset).
+    pub tls: Option<TlsConfig>,
+    /// TLS to `https://` downstreams.
+    pub downstream_tls: Option<DownstreamTlsConfig>,
+    /// Who a caller is.
+    pub auth: AuthPolicy,
     /// How long in-flight orders get to finish after SIGINT/SIGTERM.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -74,6 +82,9 @@ impl Default for Config {
             idempotency: IdempotencyPolicy::default(),
             store: StoreConfig::default(),
             server: ServerPolicy::default(),
+            tls: None,
+            downstream_tls: None,
+            auth: AuthPolicy::default(),
             shutdown_grace: Duration::from_secs(5),
         }
     }
@@ -370,25 +381,64 @@ pub enum SqliteSynchronous {
     Normal,
 }
 
-/// `server.*` keys: limits of the gRPC server.
+/// `server.*` keys: limits of the gRPC server and its HTTP/2 connections.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerPolicy {
     /// The largest request message accepted, in bytes; a larger one is refused before it is
     /// decoded. Every request of this API fits in a few hundred bytes.
     pub max_message_size: usize,
+    /// HTTP/2 `MAX_CONCURRENT_STREAMS` advertised per connection: calls beyond it wait at the
+    /// client instead of piling up here.
+    pub max_concurrent_streams: u32,
+    /// HTTP/2 PING sent on an idle connection this often...
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// ...and the connection closed if the PING is not answered within this.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+    /// A connection is asked to go away (GOAWAY) after this long, so clients reconnect and
+    /// spread over replicas...
+    #[serde(with = "humantime_serde")]
+    pub max_connection_age: Duration,
+    /// ...and is closed this long after that, letting its calls in flight finish.
+    #[serde(with = "humantime_serde")]
+    pub max_connection_age_grace: Duration,
+    /// Bound on a call that carries no deadline at all (PlaceOrder has its own, at most
+    /// `deadline.server_budget_max`).
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Streams a connection may make us reset (malformed or refused frames) before it is sent
+    /// GOAWAY: h2's guard against reset floods, which tonic turns off by default.
+    pub max_local_error_reset_streams: usize,
 }
 
 impl Default for ServerPolicy {
     fn default() -> Self {
         Self {
             max_message_size: 64 * 1024,
+            max_concurrent_streams: 256,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(30 * 60),
+            max_connection_age_grace: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(10),
+            max_local_error_reset_streams: 1024,
         }
     }
 }
 
-/// `store.*` keys.
-#[derive(Debug, Clone, Deserialize)]
+/// `auth.*` keys: who a caller is.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthPolicy {
+    /// With mTLS, a caller is its certificate's identity and `x-client-id` is ignored. When
+    /// true, `x-client-id` is still accepted, but only when it equals that identity.
+    pub allow_client_id_header: bool,
+}
+
+/// `store.*` keys. Its `Debug` hides the database password.
+#[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// Directory of the embedded SQLite database (`checkout.db`).
@@ -405,6 +455,22 @@ pub struct StoreConfig {
     /// Kept back from the remaining budget for PostgreSQL's `statement_timeout`.
     #[serde(with = "humantime_serde")]
     pub statement_guard: Duration,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("data_dir", &self.data_dir)
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(redact_url),
+            )
+            .field("sqlite_synchronous", &self.sqlite_synchronous)
+            .field("max_connections", &self.max_connections)
+            .field("background_timeout", &self.background_timeout)
+            .field("statement_guard", &self.statement_guard)
+            .finish()
+    }
 }
 
 impl Default for StoreConfig {
@@ -491,37 +557,220 @@ impl Config {
         if w.lease <= w.attempt_timeout {
             return bad("worker.lease must exceed worker.attempt_timeout".into());
         }
-        if w.max_attempts == 0 || w.concurrency == 0 {
-            return bad("worker.max_attempts and worker.concurrency must be at least 1".into());
+        if w.backoff_cap < w.backoff_base {
+            return bad("worker.backoff_base must be at most worker.backoff_cap".into());
         }
-        if w.backoff_base.is_zero() || w.backoff_cap < w.backoff_base {
-            return bad("worker.backoff_base must be above zero and at most backoff_cap".into());
-        }
-        let r = &self.retry_budget;
-        if !(0.0..=1000.0).contains(&r.percent)
-            || r.window < Duration::from_secs(1)
-            || r.window > Duration::from_secs(60)
-            || r.floor_per_second >= i32::MAX as u32
-        {
-            return bad("retry_budget.percent must be 0-1000 and window 1s-60s".into());
-        }
-        if !(1024..=4 * 1024 * 1024).contains(&self.server.max_message_size) {
-            return bad(format!(
-                "server.max_message_size ({}) must be between 1024 and 4194304 bytes",
-                self.server.max_message_size
-            ));
-        }
+        self.check_bounds()?;
         for (key, addr) in self.downstream.named() {
-            downstream_uri(key, addr)?;
+            downstream_uri(key, addr, self.downstream_tls.is_some())?;
         }
         if let Some(url) = &self.store.database_url
             && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
         {
             return bad(format!(
-                "store.database_url must be a postgres:// URL (got {url:?}); leave it unset for SQLite"
+                "store.database_url must be a postgres:// URL (got {:?}); leave it unset for SQLite",
+                redact_url(url)
             ));
         }
         Ok(())
+    }
+
+    /// Every number is bounded: a value outside its range (a typo, an overflow such as
+    /// `worker.concurrency = 18446744073709551615`) stops the start with a message naming the
+    /// key, instead of failing or panicking later.
+    fn check_bounds(&self) -> Result<(), ConfigError> {
+        const MS: Duration = Duration::from_millis(1);
+        const SECOND: Duration = Duration::from_secs(1);
+        const HOUR: Duration = Duration::from_secs(3600);
+        const DAY: Duration = Duration::from_secs(24 * 3600);
+        let d = &self.deadline;
+        let w = &self.worker;
+        let st = &self.store;
+        let sv = &self.server;
+        let durations: Vec<(&str, Duration, Duration, Duration)> = vec![
+            ("deadline.server_budget_max", d.server_budget_max, MS, HOUR),
+            (
+                "deadline.request_deadline_ms_reserve",
+                d.request_deadline_ms_reserve,
+                Duration::ZERO,
+                HOUR,
+            ),
+            (
+                "deadline.return_reserve",
+                d.return_reserve,
+                Duration::ZERO,
+                HOUR,
+            ),
+            (
+                "deadline.record_reserve",
+                d.record_reserve,
+                Duration::ZERO,
+                HOUR,
+            ),
+            (
+                "deadline.fast_fail_floor",
+                d.fast_fail_floor,
+                Duration::ZERO,
+                HOUR,
+            ),
+            ("deadline.min_to_send", d.min_to_send, MS, HOUR),
+            (
+                "deadline.clock_skew_allowance",
+                d.clock_skew_allowance,
+                Duration::ZERO,
+                HOUR,
+            ),
+            (
+                "retry_after.unavailable",
+                self.retry_after.unavailable,
+                Duration::ZERO,
+                DAY,
+            ),
+            (
+                "retry_after.pending",
+                self.retry_after.pending,
+                Duration::ZERO,
+                DAY,
+            ),
+            ("worker.attempt_timeout", w.attempt_timeout, 10 * MS, HOUR),
+            ("worker.backoff_base", w.backoff_base, MS, HOUR),
+            ("worker.backoff_cap", w.backoff_cap, MS, DAY),
+            ("worker.park_after", w.park_after, SECOND, 365 * DAY),
+            ("worker.lease", w.lease, 10 * MS, DAY),
+            ("worker.poll_interval", w.poll_interval, MS, HOUR),
+            ("worker.settle_window", w.settle_window, Duration::ZERO, DAY),
+            (
+                "worker.takeover_grace",
+                w.takeover_grace,
+                Duration::ZERO,
+                DAY,
+            ),
+            ("worker.purge_interval", w.purge_interval, 10 * MS, DAY),
+            (
+                "idempotency.retention",
+                self.idempotency.retention,
+                100 * MS,
+                3650 * DAY,
+            ),
+            (
+                "store.background_timeout",
+                st.background_timeout,
+                10 * MS,
+                HOUR,
+            ),
+            (
+                "store.statement_guard",
+                st.statement_guard,
+                Duration::ZERO,
+                SECOND,
+            ),
+            (
+                "server.keepalive_interval",
+                sv.keepalive_interval,
+                SECOND,
+                DAY,
+            ),
+            (
+                "server.keepalive_timeout",
+                sv.keepalive_timeout,
+                10 * MS,
+                HOUR,
+            ),
+            (
+                "server.max_connection_age",
+                sv.max_connection_age,
+                SECOND,
+                365 * DAY,
+            ),
+            (
+                "server.max_connection_age_grace",
+                sv.max_connection_age_grace,
+                Duration::ZERO,
+                DAY,
+            ),
+            ("server.request_timeout", sv.request_timeout, 10 * MS, DAY),
+            ("shutdown_grace", self.shutdown_grace, Duration::ZERO, HOUR),
+        ];
+        for (key, value, low, high) in durations {
+            if !(low..=high).contains(&value) {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} = {value:?} is out of range: {low:?} to {high:?}"
+                )));
+            }
+        }
+        for (name, step) in self.steps.named() {
+            if step.cap > d.server_budget_max {
+                return Err(ConfigError::Invalid(format!(
+                    "steps.{name}.cap ({:?}) exceeds deadline.server_budget_max ({:?})",
+                    step.cap, d.server_budget_max
+                )));
+            }
+        }
+        let counts: [(&str, u64, u64, u64); 7] = [
+            ("worker.max_attempts", w.max_attempts.into(), 1, 1_000_000),
+            ("worker.concurrency", w.concurrency as u64, 1, 10_000),
+            (
+                "retry_budget.floor_per_second",
+                self.retry_budget.floor_per_second.into(),
+                0,
+                1_000_000,
+            ),
+            ("store.max_connections", st.max_connections.into(), 1, 1_000),
+            (
+                "server.max_message_size",
+                sv.max_message_size as u64,
+                1_024,
+                4 * 1024 * 1024,
+            ),
+            (
+                "server.max_concurrent_streams",
+                sv.max_concurrent_streams.into(),
+                1,
+                100_000,
+            ),
+            (
+                "server.max_local_error_reset_streams",
+                sv.max_local_error_reset_streams as u64,
+                1,
+                1_000_000,
+            ),
+        ];
+        for (key, value, low, high) in counts {
+            if !(low..=high).contains(&value) {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} = {value} is out of range: {low} to {high}"
+                )));
+            }
+        }
+        let r = &self.retry_budget;
+        if !(0.0..=1000.0).contains(&r.percent) || !(SECOND..=60 * SECOND).contains(&r.window) {
+            return Err(ConfigError::Invalid(
+                "retry_budget.percent must be 0-1000 and retry_budget.window 1s-60s".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `url` with its password (if any) replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    match userinfo.find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &userinfo[..colon],
+            &rest[at..]
+        ),
+        None => url.to_owned(),
     }
 }
 
@@ -538,9 +787,10 @@ impl DownstreamAddrs {
 }
 
 /// The URI of a downstream address given under `key`: `host:port` means `http://host:port`;
-/// an `http://host[:port]` URI is taken as it is. Anything else is refused with a message
-/// naming the key, so a typo stops the start instead of declining every order.
-pub fn downstream_uri(key: &str, addr: &str) -> Result<http::Uri, ConfigError> {
+/// an `http://host[:port]` URI is taken as it is, and an `https://` one when `tls` (a
+/// `[downstream_tls]` section) is configured. Anything else is refused with a message naming
+/// the key, so a typo stops the start instead of declining every order.
+pub fn downstream_uri(key: &str, addr: &str, tls: bool) -> Result<http::Uri, ConfigError> {
     let refuse = |why: &str| {
         Err(ConfigError::Invalid(format!(
             "{key} = {addr:?}: {why}; expected host:port (e.g. 127.0.0.1:50052) or http://host:port"
@@ -556,10 +806,13 @@ pub fn downstream_uri(key: &str, addr: &str) -> Result<http::Uri, ConfigError> {
     };
     match uri.scheme_str() {
         Some("http") => {}
+        Some("https") if tls => {}
         Some("https") => {
-            return refuse("TLS to downstreams needs a [downstream_tls] section, which is not set");
+            return refuse(
+                "https:// needs a [downstream_tls] section (ca, cert, key), which is not set",
+            );
         }
-        _ => return refuse("the scheme must be http"),
+        _ => return refuse("the scheme must be http or https"),
     }
     let Some(authority) = uri.authority() else {
         return refuse("no host");
@@ -616,7 +869,7 @@ mod tests {
             ("[::1]:50052", "http://[::1]:50052/"),
             ("http://127.0.0.1:50052", "http://127.0.0.1:50052/"),
         ] {
-            let parsed = downstream_uri("downstream.cart", given).expect(given);
+            let parsed = downstream_uri("downstream.cart", given, false).expect(given);
             assert_eq!(parsed.to_string(), uri);
         }
         for bad in [
@@ -626,7 +879,7 @@ mod tests {
             "http://x:1/path",
             "not an address",
         ] {
-            let err = downstream_uri("downstream.cart", bad)
+            let err = downstream_uri("downstream.cart", bad, false)
                 .expect_err(bad)
                 .to_string();
             assert!(err.contains("downstream.cart"), "{err}");
@@ -635,6 +888,87 @@ mod tests {
         c.downstream.wallet = "wallet-host".into();
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("downstream.wallet"), "{err}");
+    }
+
+    #[test]
+    fn passwords_in_database_urls_are_never_shown() {
+        assert_eq!(
+            redact_url("postgres://u:s3cret@db:5432/checkout?sslmode=verify-full"),
+            "postgres://u:***@db:5432/checkout?sslmode=verify-full"
+        );
+        assert_eq!(
+            redact_url("postgres://u@db/checkout"),
+            "postgres://u@db/checkout"
+        );
+        assert_eq!(
+            redact_url("postgres://db/checkout"),
+            "postgres://db/checkout"
+        );
+        let mut c = Config::default();
+        c.store.database_url = Some("mysql://u:s3cret@db/checkout".into());
+        let err = c.validate().unwrap_err().to_string();
+        assert!(!err.contains("s3cret") && err.contains("u:***@"), "{err}");
+        c.store.database_url = Some("postgres://u:s3cret@db/checkout".into());
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn every_number_is_bounded_and_the_message_names_the_key() {
+        let mut c = Config::default();
+        c.worker.concurrency = usize::MAX;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("worker.concurrency"), "{err}");
+        let mut c = Config::default();
+        c.worker.max_attempts = 0;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("worker.max_attempts")
+        );
+        let mut c = Config::default();
+        c.store.max_connections = 100_000;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("store.max_connections")
+        );
+        let mut c = Config::default();
+        c.server.max_concurrent_streams = 0;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("server.max_concurrent_streams")
+        );
+        let mut c = Config::default();
+        c.idempotency.retention = Duration::ZERO;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("idempotency.retention")
+        );
+        let toml_overflow: Result<Config, _> =
+            toml::from_str("[worker]\nconcurrency = 18446744073709551615\n");
+        match toml_overflow {
+            Ok(c) => assert!(c.validate().is_err()),
+            Err(e) => assert!(e.to_string().contains("concurrency"), "{e}"),
+        }
+    }
+
+    #[test]
+    fn an_https_downstream_needs_a_downstream_tls_section() {
+        let mut c = Config::default();
+        c.downstream.wallet = "https://wallet.internal:443".into();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("downstream.wallet") && err.contains("[downstream_tls]"),
+            "{err}"
+        );
+        c.downstream_tls = Some(DownstreamTlsConfig::default());
+        c.validate().expect("https with a [downstream_tls] section");
     }
 
     #[test]

@@ -40,4 +40,5 @@ pub mod server;
 pub mod store;
 pub mod stubs;
 pub mod telemetry;
+pub mod tls;
 pub mod worker;

@@ -32,6 +32,9 @@ pub enum ServerError {
     /// Reflection could not be built.
     #[error(transparent)]
     Introspection(#[from] IntrospectionError),
+    /// The listener's certificate or key cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// The transport failed.
     #[error("server transport: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -52,7 +55,17 @@ pub async fn serve(
     store: Arc<dyn OrderStore>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let downstreams = Downstreams::connect_lazy(&config.downstream, &config.steps)?;
+    let downstreams = Downstreams::connect_lazy(
+        &config.downstream,
+        &config.steps,
+        config.downstream_tls.as_ref(),
+    )?;
+    // Read before anything is served, so that a bad certificate stops the start.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|tls| tls.server("tls"))
+        .transpose()?;
     downstreams.warm_up();
     let orchestrator = Arc::new(Orchestrator::new(
         Arc::clone(&config),
@@ -106,7 +119,24 @@ pub async fn serve(
     };
     let addr = listener.local_addr().map_err(ServerError::LocalAddr)?;
     tracing::info!(%addr, "checkout orchestrator listening");
-    let server = Server::builder()
+    let limits = &config.server;
+    let mut builder = Server::builder()
+        // Calls beyond this per connection wait at the client, not here.
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        // Dead peers are found and their connections closed...
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        // ...and live ones are asked to reconnect now and then, spreading over replicas.
+        .max_connection_age(limits.max_connection_age)
+        .max_connection_age_grace(limits.max_connection_age_grace)
+        // A call that carries no deadline at all is still bounded.
+        .timeout(limits.request_timeout)
+        // h2's guard against reset floods, which tonic leaves off.
+        .http2_max_local_error_reset_streams(Some(limits.max_local_error_reset_streams));
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let server = builder
         .add_routes(routes.routes())
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -135,6 +165,7 @@ pub async fn serve(
 /// A running orchestrator (for tests and the `demo` command): its address and a way to stop it.
 pub struct Running {
     addr: SocketAddr,
+    tls: bool,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ServerError>>,
 }
@@ -147,6 +178,7 @@ impl Running {
         store: Arc<dyn OrderStore>,
     ) -> Result<Self, ServerError> {
         let addr = listener.local_addr().map_err(ServerError::LocalAddr)?;
+        let tls = config.tls.is_some();
         let shutdown = CancellationToken::new();
         let signal = shutdown.clone();
         let task = tokio::spawn(serve(listener, config, store, async move {
@@ -154,6 +186,7 @@ impl Running {
         }));
         Ok(Self {
             addr,
+            tls,
             shutdown,
             task,
         })
@@ -164,9 +197,10 @@ impl Running {
         self.addr
     }
 
-    /// `http://<addr>`.
+    /// `http://<addr>` (`https://` with TLS).
     pub fn uri(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Shuts down gracefully and waits; re-raises a panic of the server task.

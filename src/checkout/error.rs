@@ -42,6 +42,9 @@ pub enum CheckoutError {
         /// When to try again.
         retry_after: Duration,
     },
+    /// The caller's `x-client-id` names someone other than its client certificate.
+    #[error("x-client-id does not match the identity of the client certificate")]
+    ClientIdMismatch,
     /// No such order (or not one of the caller's: existence is not revealed).
     #[error("no such order")]
     NotFound,
@@ -111,6 +114,7 @@ impl From<CheckoutError> for Status {
                 )
             }
             CheckoutError::NotFound => Status::not_found(message),
+            CheckoutError::ClientIdMismatch => Status::permission_denied(message),
             CheckoutError::Internal(_) => Status::internal(message),
         }
     }

@@ -12,7 +12,8 @@ pub use error::{CheckoutError, ERROR_DOMAIN, X_DEADLINE_EXCEEDED};
 pub use flow::{Orchestrator, Placed, frozen_cart, millis, outcome_of};
 pub use reason::Reason;
 pub use request::{
-    FieldViolation, OrderRequest, X_CLIENT_ID, is_key, is_order_id, new_order_id, scope,
+    FieldViolation, OrderRequest, X_CLIENT_ID, caller_scope, is_key, is_order_id, new_order_id,
+    scope,
 };
 pub use service::{CheckoutApi, order_to_proto};
 pub use verdict::Verdict;

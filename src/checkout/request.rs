@@ -5,8 +5,10 @@
 use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 
+use crate::config::AuthPolicy;
 use crate::proto::checkout::v1 as pb;
 use crate::store::{Money, NewOrder};
+use crate::tls::peer_identity;
 
 /// Metadata naming the calling client; scopes idempotency keys.
 pub const X_CLIENT_ID: &str = "x-client-id";
@@ -50,7 +52,33 @@ pub struct OrderRequest {
     pub expected_total: Option<Money>,
 }
 
-/// Reads the idempotency scope: `x-client-id` (default `anonymous`) + `:checkout`.
+/// Who is calling, as the idempotency scope (`<caller>:checkout`) every write and read of the
+/// call is confined to. With mutual TLS the caller is its certificate's identity (see
+/// [`crate::tls::peer_identity`]) and `x-client-id` is ignored — or, with
+/// `auth.allow_client_id_header`, accepted only when it says the same. Without a client
+/// certificate the caller is whatever `x-client-id` says (default `anonymous`): fit for
+/// development only.
+pub fn caller_scope<T>(
+    request: &tonic::Request<T>,
+    auth: &AuthPolicy,
+    violations: &mut Vec<FieldViolation>,
+) -> Result<String, super::CheckoutError> {
+    let certified = request
+        .peer_certs()
+        .and_then(|certs| certs.first().and_then(|leaf| peer_identity(leaf)));
+    let Some(identity) = certified else {
+        return Ok(scope(request.metadata(), violations));
+    };
+    if auth.allow_client_id_header
+        && let Some(claimed) = request.metadata().get(X_CLIENT_ID)
+        && claimed.to_str().ok() != Some(identity.as_str())
+    {
+        return Err(super::CheckoutError::ClientIdMismatch);
+    }
+    Ok(format!("{identity}:checkout"))
+}
+
+/// Reads the idempotency scope from `x-client-id` (default `anonymous`) + `:checkout`.
 pub fn scope(metadata: &MetadataMap, violations: &mut Vec<FieldViolation>) -> String {
     let client = match metadata.get(X_CLIENT_ID).map(|v| v.to_str()) {
         None => "anonymous".to_owned(),

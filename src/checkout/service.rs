@@ -8,7 +8,8 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::{
-    CheckoutError, FieldViolation, Orchestrator, OrderRequest, Reason, is_key, is_order_id, scope,
+    CheckoutError, FieldViolation, Orchestrator, OrderRequest, Reason, caller_scope, is_key,
+    is_order_id,
 };
 use crate::budget::waterfall_duration;
 use crate::config::RetryAfterPolicy;
@@ -42,7 +43,7 @@ impl CheckoutService for CheckoutApi {
         let deadline = ingest(request.metadata(), &config.deadline)
             .map_err(|e| violations.push(FieldViolation::new(e.header, e.to_string())))
             .ok();
-        let scope = scope(request.metadata(), &mut violations);
+        let scope = caller_scope(&request, &config.auth, &mut violations)?;
         let (metadata, _, message) = request.into_parts();
         let order = OrderRequest::parse(scope, message, &mut violations);
         let Some(deadline) = deadline.filter(|_| violations.is_empty()) else {
@@ -77,7 +78,7 @@ impl CheckoutService for CheckoutApi {
         request: Request<pb::GetOrderRequest>,
     ) -> Result<Response<pb::Order>, Status> {
         let mut violations = Vec::new();
-        let scope = scope(request.metadata(), &mut violations);
+        let scope = caller_scope(&request, &self.orchestrator.config().auth, &mut violations)?;
         let lookup = request.into_inner().lookup;
         match &lookup {
             Some(Lookup::OrderId(id)) if is_order_id(id) => {}

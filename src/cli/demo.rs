@@ -22,6 +22,9 @@ pub struct DemoArgs {
     /// Directory of the embedded SQLite store.
     #[arg(long, default_value = "data")]
     data_dir: PathBuf,
+    /// TLS of the orchestrator's listener (the stubs stay plaintext on loopback).
+    #[command(flatten)]
+    tls: super::tls_flags::TlsFlags,
 }
 
 /// Runs until SIGINT/SIGTERM.
@@ -40,6 +43,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..Config::default()
     };
     config.store.data_dir = args.data_dir.clone();
+    config.tls = args.tls.config();
     config.validate()?;
     let config = Arc::new(config);
     let store = crate::store::open(&config.store)

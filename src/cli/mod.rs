@@ -6,6 +6,7 @@ mod place;
 mod serve;
 mod signal;
 mod stubs;
+mod tls_flags;
 pub mod waterfall;
 
 use clap::{Parser, Subcommand};

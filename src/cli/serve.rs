@@ -25,9 +25,13 @@ pub struct ServeArgs {
     /// Directory of the embedded SQLite store.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// PostgreSQL instead of SQLite (postgres://user@host:port/db), for replicas sharing one store.
-    #[arg(long, env = "CHECKOUT_DATABASE_URL")]
+    /// PostgreSQL instead of SQLite (postgres://user@host:port/db?sslmode=verify-full), for
+    /// replicas sharing one store. Keep the password out of it: PGPASSWORD or PGPASSFILE (or
+    /// ~/.pgpass) supply it. Never shown by --help, errors or logs.
+    #[arg(long, env = "CHECKOUT_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    #[command(flatten)]
+    tls: super::tls_flags::TlsFlags,
 }
 
 impl ServeArgs {
@@ -49,6 +53,9 @@ impl ServeArgs {
         if let Some(url) = &self.database_url {
             config.store.database_url = Some(url.clone());
         }
+        if let Some(tls) = self.tls.config() {
+            config.tls = Some(tls);
+        }
         config.validate()?;
         Ok(config)
     }
@@ -66,7 +73,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // One line on stdout with the bound address (useful with --listen 127.0.0.1:0).
     println!("checkout serving on {}", listener.local_addr()?);
     println!("{}", admission_floor_line(&config));
+    warn_if_exposed(&config);
     until_signal(listener, config, store).await
+}
+
+/// A listener on a non-loopback address without TLS: anyone on the network can place and read
+/// orders as any client id. Said loudly at start.
+pub(super) fn warn_if_exposed(config: &Config) {
+    if config.tls.is_none() && !config.listen.ip().is_loopback() {
+        tracing::warn!(
+            listen = %config.listen,
+            "listening on a non-loopback address without TLS: callers are identified only by \
+             the x-client-id they send; set --tls-cert/--tls-key/--tls-client-ca ([tls]) for \
+             anything but a trial"
+        );
+    }
 }
 
 /// The effective admission floor and where it comes from, printed at start.

@@ -26,6 +26,8 @@ pub struct StubsArgs {
     /// holds and held reservations are always kept.
     #[arg(long, value_name = "N", default_value_t = StubConfig::DEFAULT_HISTORY_CAPACITY)]
     history_capacity: NonZeroUsize,
+    #[command(flatten)]
+    tls: super::tls_flags::TlsFlags,
 }
 
 /// Runs until SIGINT/SIGTERM.
@@ -38,6 +40,7 @@ pub async fn run(args: StubsArgs) -> anyhow::Result<()> {
     let config = StubConfig {
         behaviors: args.behaviors,
         history_capacity: args.history_capacity,
+        tls: args.tls.config(),
     };
     crate::stubs::serve(listener, config, super::signal::shutdown()).await?;
     Ok(())

@@ -19,7 +19,7 @@ pub use call::{CallError, Rpc};
 pub use classify::{CallClass, HoldOutcome, HoldTerms, classify_hold, error_reason};
 
 use crate::budget::ChildBudget;
-use crate::config::{DownstreamAddrs, Steps, downstream_uri};
+use crate::config::{DownstreamAddrs, DownstreamTlsConfig, Steps, downstream_uri};
 use crate::proto::{
     cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
 };
@@ -28,10 +28,19 @@ use fraud::fraud_service_client::FraudServiceClient;
 use inventory::inventory_service_client::InventoryServiceClient;
 use wallet::wallet_service_client::WalletServiceClient;
 
-/// A downstream address that cannot be used.
+/// A downstream that cannot be reached as configured.
 #[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub struct AddressError(#[from] crate::config::ConfigError);
+pub enum AddressError {
+    /// The address is not `host:port` or a usable URI.
+    #[error(transparent)]
+    Address(#[from] crate::config::ConfigError),
+    /// `[downstream_tls]` cannot be read.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// tonic refused the TLS settings.
+    #[error("downstream TLS: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
 
 /// Shared clients of cart, fraud, inventory and wallet.
 #[derive(Debug, Clone)]
@@ -45,16 +54,26 @@ pub struct Downstreams {
 }
 
 impl Downstreams {
-    /// Builds one channel per service. Nothing connects until the first call, so the
-    /// orchestrator starts (and answers structured results) while a downstream is down.
-    pub fn connect_lazy(addrs: &DownstreamAddrs, steps: &Steps) -> Result<Self, AddressError> {
+    /// Builds one channel per service; an `https://` address uses `tls` (which must then be
+    /// set). Nothing connects until the first call, so the orchestrator starts (and answers
+    /// structured results) while a downstream is down.
+    pub fn connect_lazy(
+        addrs: &DownstreamAddrs,
+        steps: &Steps,
+        tls: Option<&DownstreamTlsConfig>,
+    ) -> Result<Self, AddressError> {
+        let client_tls = tls.map(DownstreamTlsConfig::client).transpose()?;
         let channel = |key: &'static str, addr: &str, connect| -> Result<Channel, AddressError> {
-            let uri = downstream_uri(key, addr)?;
-            Ok(Endpoint::from(uri)
+            let uri = downstream_uri(key, addr, client_tls.is_some())?;
+            let https = uri.scheme_str() == Some("https");
+            let mut endpoint = Endpoint::from(uri)
                 .connect_timeout(connect)
                 .tcp_nodelay(true)
-                .http2_adaptive_window(true)
-                .connect_lazy())
+                .http2_adaptive_window(true);
+            if let (true, Some(tls)) = (https, &client_tls) {
+                endpoint = endpoint.tls_config(tls.clone())?;
+            }
+            Ok(endpoint.connect_lazy())
         };
         let cart = channel("downstream.cart", &addrs.cart, steps.cart.connect)?;
         let fraud = channel("downstream.fraud", &addrs.fraud, steps.fraud.connect)?;

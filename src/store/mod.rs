@@ -69,7 +69,8 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn OrderStore>, StoreErro
                 config.statement_guard,
                 config.background_timeout,
             )
-            .await?;
+            .await
+            .map_err(|e| without_password(e, url))?;
             Ok(Arc::new(store))
         }
         // The URL itself is not repeated: it may carry a password.
@@ -87,6 +88,31 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn OrderStore>, StoreErro
             Ok(Arc::new(store))
         }
     }
+}
+
+/// `error` with any trace of the password in `url` replaced by `***`: a driver may repeat the
+/// URL it was given, and errors end up in logs.
+fn without_password(error: StoreError, url: &str) -> StoreError {
+    let redacted = crate::config::redact_url(url);
+    let scrub = |text: String| {
+        let text = text.replace(url, &redacted);
+        match url_password(url) {
+            Some(password) if !password.is_empty() => text.replace(password, "***"),
+            _ => text,
+        }
+    };
+    match error {
+        StoreError::Unavailable(why) => StoreError::Unavailable(scrub(why)),
+        StoreError::Corrupt(why) => StoreError::Corrupt(scrub(why)),
+        timeout @ StoreError::Timeout(_) => timeout,
+    }
+}
+
+/// The password of a `scheme://user:password@host/...` URL, if it has one.
+fn url_password(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let userinfo = &rest[..rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())].rfind('@')?];
+    userinfo.split_once(':').map(|(_, password)| password)
 }
 
 /// Where orders and jobs live. Implemented by the embedded SQLite store (the default) and the

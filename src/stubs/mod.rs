@@ -42,8 +42,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::service::{Routes, RoutesBuilder};
-use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -83,6 +83,9 @@ pub enum StubError {
     /// The listener's local address could not be read.
     #[error("cannot read the stub listener's address: {0}")]
     LocalAddr(#[source] std::io::Error),
+    /// The TLS certificate or key cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// How a stub server starts: the behaviours it applies first and how much history it keeps.
@@ -95,6 +98,8 @@ pub struct StubConfig {
     /// state. Older entries are evicted first and counted in `GetStats.history`; a reference
     /// evicted is forgotten. Active holds and held reservations are kept regardless.
     pub history_capacity: NonZeroUsize,
+    /// TLS of the listener (`--tls-cert`, `--tls-key`, `--tls-client-ca`); plaintext when unset.
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 impl StubConfig {
@@ -111,6 +116,7 @@ impl Default for StubConfig {
         Self {
             behaviors: Vec::new(),
             history_capacity: Self::DEFAULT_HISTORY_CAPACITY,
+            tls: None,
         }
     }
 }
@@ -123,8 +129,18 @@ pub async fn serve(
     config: StubConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StubError> {
+    let tls = server_tls(&config)?;
     let (routes, health) = routes(Arc::new(State::new(config)))?;
-    run(listener, routes, health, shutdown).await
+    run(listener, routes, health, tls, shutdown).await
+}
+
+/// The listener's TLS, its files read now so that a bad one stops the start.
+fn server_tls(config: &StubConfig) -> Result<Option<ServerTlsConfig>, StubError> {
+    Ok(config
+        .tls
+        .as_ref()
+        .map(|tls| tls.server("stubs"))
+        .transpose()?)
 }
 
 /// The stub services plus reflection and health, over one shared state.
@@ -153,18 +169,19 @@ async fn run(
     listener: TcpListener,
     routes: Routes,
     health: HealthReporter,
+    tls: Option<ServerTlsConfig>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StubError> {
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
     set_health(&health, ServingStatus::Serving).await;
     let stopping = CancellationToken::new();
-    let mut server = pin!(
-        Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(listener).with_nodelay(Some(true)),
-                stopping.clone().cancelled_owned(),
-            )
-    );
+    let mut server = pin!(builder.add_routes(routes).serve_with_incoming_shutdown(
+        TcpIncoming::from(listener).with_nodelay(Some(true)),
+        stopping.clone().cancelled_owned(),
+    ));
     let shutdown = pin!(shutdown);
     tokio::select! {
         result = &mut server => return result.map_err(StubError::from),
@@ -194,6 +211,8 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
 pub struct StubServer {
     /// Where it listens.
     addr: SocketAddr,
+    /// Whether it speaks TLS (`https://`).
+    tls: bool,
     /// Cancelled to stop the server: by `stop`, or when the handle is dropped.
     stopping: CancellationToken,
     /// The background [`serve`]; taken by `stop`.
@@ -222,16 +241,20 @@ impl StubServer {
     ) -> Result<StubServer, StubError> {
         let addr = listener.local_addr().map_err(StubError::LocalAddr)?;
         // Built here rather than in the task so a bad setup fails `start` itself.
+        let tls = server_tls(&config)?;
+        let secure = tls.is_some();
         let (routes, health) = routes(Arc::new(State::new(config)))?;
         let stopping = CancellationToken::new();
         let task = tokio::spawn(run(
             listener,
             routes,
             health,
+            tls,
             stopping.clone().cancelled_owned(),
         ));
         Ok(StubServer {
             addr,
+            tls: secure,
             stopping,
             task: Some(task),
         })
@@ -242,15 +265,16 @@ impl StubServer {
         self.addr
     }
 
-    /// The URI clients connect to (`http://127.0.0.1:port`); an unspecified listen address is
-    /// replaced by loopback.
+    /// The URI clients connect to (`http://127.0.0.1:port`, or `https://` with TLS); an
+    /// unspecified listen address is replaced by loopback.
     pub fn uri(&self) -> String {
         let ip = match self.addr.ip() {
             IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
             ip => ip,
         };
-        format!("http://{}", SocketAddr::new(ip, self.addr.port()))
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", SocketAddr::new(ip, self.addr.port()))
     }
 
     /// Stops accepting calls, waits for in-flight ones (up to the shutdown grace) and joins the
@@ -314,6 +338,7 @@ mod tests {
             let state = Arc::new(State::new(StubConfig {
                 behaviors: Vec::new(),
                 history_capacity: NonZeroUsize::new(capacity).unwrap(),
+                tls: None,
             }));
             Self {
                 cart: cart::Cart {

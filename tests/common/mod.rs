@@ -18,6 +18,7 @@ use tonic::transport::Channel;
 pub mod control;
 #[cfg(feature = "postgres-tests")]
 pub mod pg;
+pub mod pki;
 pub mod stalling;
 
 pub use control::Control;
