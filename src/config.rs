@@ -455,6 +455,10 @@ pub struct StoreConfig {
     /// Kept back from the remaining budget for PostgreSQL's `statement_timeout`.
     #[serde(with = "humantime_serde")]
     pub statement_guard: Duration,
+    /// How often a small write proves the store still accepts writes; health turns
+    /// NOT_SERVING while it does not.
+    #[serde(with = "humantime_serde")]
+    pub probe_interval: Duration,
 }
 
 impl std::fmt::Debug for StoreConfig {
@@ -469,6 +473,7 @@ impl std::fmt::Debug for StoreConfig {
             .field("max_connections", &self.max_connections)
             .field("background_timeout", &self.background_timeout)
             .field("statement_guard", &self.statement_guard)
+            .field("probe_interval", &self.probe_interval)
             .finish()
     }
 }
@@ -482,6 +487,7 @@ impl Default for StoreConfig {
             max_connections: 16,
             background_timeout: Duration::from_secs(5),
             statement_guard: Duration::from_millis(5),
+            probe_interval: Duration::from_secs(5),
         }
     }
 }

@@ -36,6 +36,7 @@ pub mod deadline;
 pub mod downstream;
 pub mod introspection;
 pub mod proto;
+pub mod readiness;
 pub mod server;
 pub mod store;
 pub mod stubs;

@@ -20,6 +20,7 @@ use crate::introspection::{self, IntrospectionError};
 use crate::proto::checkout::v1::{
     checkout_service_server::CheckoutServiceServer, operator_service_server::OperatorServiceServer,
 };
+use crate::readiness::{Readiness, watch_store};
 use crate::store::OrderStore;
 use crate::worker::{OperatorApi, Worker};
 
@@ -44,6 +45,9 @@ pub enum ServerError {
     /// The server task panicked.
     #[error("server task failed: {0}")]
     Join(String),
+    /// The store does not accept writes (read-only, full, unreachable): every order would fail.
+    #[error("the order store does not accept writes, so no order could be recorded: {0}")]
+    StoreNotWritable(crate::store::StoreError),
 }
 
 /// Serves the orchestrator on `listener` until `shutdown` resolves. Then: health turns
@@ -55,6 +59,11 @@ pub async fn serve(
     store: Arc<dyn OrderStore>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    // A store that cannot take writes would fail every order while health said SERVING.
+    store
+        .probe(crate::deadline::now_ms())
+        .await
+        .map_err(ServerError::StoreNotWritable)?;
     let downstreams = Downstreams::connect_lazy(
         &config.downstream,
         &config.steps,
@@ -101,13 +110,39 @@ pub async fn serve(
 
     let stop_worker = CancellationToken::new();
     let worker_task = tokio::spawn(Arc::clone(&worker).run(stop_worker.clone()));
+    let readiness = Arc::new(Readiness::default());
+    let watch = tokio::spawn({
+        let health = health.clone();
+        watch_store(
+            Arc::clone(&store),
+            Arc::clone(&readiness),
+            config.store.probe_interval,
+            stop_worker.clone(),
+            move |ready| {
+                let health = health.clone();
+                async move {
+                    if ready {
+                        health
+                            .set_serving::<CheckoutServiceServer<CheckoutApi>>()
+                            .await;
+                    } else {
+                        health
+                            .set_not_serving::<CheckoutServiceServer<CheckoutApi>>()
+                            .await;
+                    }
+                }
+            },
+        )
+    });
 
     let draining = CancellationToken::new();
     let on_shutdown = {
         let draining = draining.clone();
         let health = health.clone();
+        let readiness = Arc::clone(&readiness);
         async move {
             shutdown.await;
+            readiness.start_draining();
             tracing::info!(
                 "shutting down: no new connections; in-flight orders finish by their deadlines"
             );
@@ -158,6 +193,9 @@ pub async fn serve(
     stop_worker.cancel();
     if let Err(e) = worker_task.await {
         tracing::error!(error = %e, "worker task failed");
+    }
+    if let Err(e) = watch.await {
+        tracing::error!(error = %e, "store watch failed");
     }
     served.map_err(ServerError::from)
 }

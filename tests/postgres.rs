@@ -31,7 +31,7 @@ use common::{
 use futures::StreamExt;
 use tokio::net::TcpListener;
 use tonic::Code;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 use tonic_types::StatusExt;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -448,5 +448,96 @@ async fn an_unreachable_database_is_answered_unavailable_and_recovered_from_with
     stubs.ok_reaches("wallet", "Capture", 1).await;
 
     replica.stop().await;
+    stubs.stop().await;
+}
+
+/// The database turns read-only while the replica runs: within a few probe intervals its gRPC
+/// health for CheckoutService is NOT_SERVING (load balancers stop sending orders that would all
+/// fail), and SERVING again once the database takes writes. And `sslmode` is honoured: the
+/// local server speaks TLS, so `require` connects, while `verify-full` refuses its self-signed
+/// certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_stops_taking_writes_turns_health_not_serving() {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let database = TestDatabase::create("checkout_e2e").await;
+    let stubs = Stubs::start().await;
+    let replica = Replica::start(&stubs.server, &database, |c| {
+        c.store.probe_interval = Duration::from_millis(100);
+    })
+    .await;
+    let mut health = HealthClient::new(
+        Endpoint::from_shared(replica.server.uri())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let status = |mut health: HealthClient<Channel>| async move {
+        health
+            .check(HealthCheckRequest {
+                service: "checkout.v1.CheckoutService".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status()
+    };
+    assert_eq!(status(health.clone()).await, ServingStatus::Serving);
+    let name = database.name();
+    let read_only = |on: bool| {
+        let database = &database;
+        let name = name.clone();
+        async move {
+            database
+                .admin(&format!(
+                    "ALTER DATABASE {name} SET default_transaction_read_only = {on}"
+                ))
+                .await;
+            database
+                .admin(&format!(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+                ))
+                .await;
+        }
+    };
+    read_only(true).await;
+    for expected in [ServingStatus::NotServing, ServingStatus::Serving] {
+        let until = Instant::now() + EVENTUALLY;
+        while status(health.clone()).await != expected {
+            assert!(Instant::now() < until, "health never became {expected:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if expected == ServingStatus::NotServing {
+            read_only(false).await;
+        }
+    }
+    let _ = &mut health;
+    replica.stop().await;
+
+    let require = format!("{}?sslmode=require", database.url());
+    let config = checkout::config::StoreConfig {
+        database_url: Some(require),
+        ..Default::default()
+    };
+    let store = checkout::store::open(&config)
+        .await
+        .expect("sslmode=require: the server speaks TLS and rustls does too");
+    store.close().await;
+    let verify = checkout::config::StoreConfig {
+        database_url: Some(format!("{}?sslmode=verify-full", database.url())),
+        ..Default::default()
+    };
+    let refused = checkout::store::open(&verify)
+        .await
+        .err()
+        .expect("verify-full refuses a certificate no trusted CA signed");
+    assert!(
+        refused.to_string().to_lowercase().contains("certificate")
+            || refused.to_string().to_lowercase().contains("tls"),
+        "{refused}"
+    );
     stubs.stop().await;
 }

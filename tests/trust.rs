@@ -396,3 +396,43 @@ async fn misconfiguration_stops_the_start_and_secrets_are_never_shown() {
     );
     assert!(!text.contains("s3cret"), "{text}");
 }
+
+/// A store that takes no writes (here the SQLite file made immutable, so SQLite can only open it
+/// read-only) stops the start: the write probe fails before anything is served, rather than a
+/// server reporting SERVING and failing every order.
+#[tokio::test]
+async fn a_store_that_takes_no_writes_stops_the_start() {
+    let stubs = start_stubs().await;
+    let data = tempfile::tempdir().unwrap();
+    let config = Arc::new(test_config(&stubs, data.path()));
+    let store = checkout::store::open(&config.store).await.unwrap();
+    store.close().await;
+    let db = data.path().join("checkout.db");
+    let immutable = std::process::Command::new("chattr")
+        .arg("+i")
+        .arg(&db)
+        .status()
+        .expect("chattr runs");
+    assert!(immutable.success(), "chattr +i {}", db.display());
+    let store = checkout::store::open(&config.store).await;
+    let refused = match store {
+        // Opened read-only: the probe must refuse to serve.
+        Ok(store) => checkout::server::serve(
+            TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            Arc::clone(&config),
+            store,
+            std::future::pending(),
+        )
+        .await
+        .expect_err("a read-only store is refused")
+        .to_string(),
+        Err(e) => e.to_string(),
+    };
+    std::process::Command::new("chattr")
+        .arg("-i")
+        .arg(&db)
+        .status()
+        .expect("chattr runs");
+    assert!(refused.contains("does not accept writes"), "{refused}");
+    stubs.stop().await;
+}

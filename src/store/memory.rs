@@ -524,6 +524,10 @@ impl OrderStore for MemoryStore {
         Ok(purgeable.len() as u64)
     }
 
+    async fn probe(&self, _now_ms: i64) -> Result<(), StoreError> {
+        self.lock().map(|_| ())
+    }
+
     async fn stats(&self) -> Result<JobStats, StoreError> {
         let state = self.lock()?;
         let count = |s: JobState| state.jobs.values().filter(|j| j.state == s).count() as u64;

@@ -222,6 +222,10 @@ pub trait OrderStore: Send + Sync + 'static {
     /// Counts for operators.
     async fn stats(&self) -> Result<JobStats, StoreError>;
 
+    /// Proves the store accepts writes: commits a tiny write (durably, like any other). Fails
+    /// on a read-only or full store, or one that cannot be reached.
+    async fn probe(&self, now_ms: i64) -> Result<(), StoreError>;
+
     /// Closes the store's connections at shutdown (SQLite checkpoints its WAL); calls made
     /// afterwards fail with [`StoreError::Unavailable`]. Does nothing by default.
     async fn close(&self) {}

@@ -28,6 +28,11 @@ const SQLITE: &[Embedded] = &[
         "random order ids and parking",
         include_str!("migrations/sqlite/0003_random_order_ids_and_parking.sql"),
     ),
+    (
+        4,
+        "store probe",
+        include_str!("migrations/sqlite/0004_store_probe.sql"),
+    ),
 ];
 
 /// PostgreSQL migrations, oldest first.
@@ -46,6 +51,11 @@ const POSTGRES: &[Embedded] = &[
         3,
         "random order ids and parking",
         include_str!("migrations/postgres/0003_random_order_ids_and_parking.sql"),
+    ),
+    (
+        4,
+        "store probe",
+        include_str!("migrations/postgres/0004_store_probe.sql"),
     ),
 ];
 

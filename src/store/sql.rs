@@ -187,6 +187,10 @@ pub(super) const RETRY_PARKED_ORDERS: &str = "UPDATE orders SET reason = CASE \
      AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.order_id = orders.order_id \
      AND j.state = 'parked')";
 
+/// Rewrites the probe row with `$1` (now): a committed write, proving the store takes writes.
+pub(super) const PROBE: &str = "INSERT INTO store_probe (id, at_ms) VALUES (1, $1) \
+     ON CONFLICT (id) DO UPDATE SET at_ms = excluded.at_ms";
+
 /// Counts for [`JobStats`], in field order.
 pub(super) const STATS: &str = "SELECT \
      (SELECT COUNT(*) FROM jobs WHERE state = 'pending') AS pending, \

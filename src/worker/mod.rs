@@ -95,6 +95,7 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(self.config.worker.concurrency));
         let attempts = TaskTracker::new();
         let mut next_purge = Instant::now();
+        let mut failing = ClaimFailures::new(self.config.worker.poll_interval);
         tracing::info!(owner = %self.owner, "worker started");
         loop {
             if Instant::now() >= next_purge {
@@ -118,10 +119,21 @@ impl Worker {
                 .claim_due(&self.owner, now, lease_until, free)
                 .await
             {
-                Ok(jobs) => jobs,
+                Ok(jobs) => {
+                    if failing.recovered() {
+                        tracing::info!("the worker can claim jobs again");
+                    }
+                    jobs
+                }
                 Err(error) => {
-                    tracing::warn!(%error, "cannot claim jobs");
-                    Vec::new()
+                    drop(first);
+                    // A store that fails keeps failing for a while: back off (up to
+                    // CLAIM_BACKOFF_CAP) and say so at most once per CLAIM_LOG_EVERY.
+                    let wait = failing.failed(&error);
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => continue,
+                        () = stop.cancelled() => break,
+                    }
                 }
             };
             // Fewer than asked for: nothing else is due yet.
@@ -277,6 +289,60 @@ impl Worker {
             Ok(n) => tracing::info!(purged = n, "purged terminal orders past retention"),
             Err(error) => tracing::warn!(%error, "purge failed"),
         }
+    }
+}
+
+/// Longest wait between claims while the store keeps failing them.
+const CLAIM_BACKOFF_CAP: std::time::Duration = std::time::Duration::from_secs(5);
+/// At most one log line per this while claims keep failing.
+const CLAIM_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Consecutive failed claims: the backoff before the next, and a log that says so without
+/// repeating itself ten times a second.
+struct ClaimFailures {
+    base: std::time::Duration,
+    count: u32,
+    logged_at: Option<Instant>,
+    held_back: u64,
+}
+
+impl ClaimFailures {
+    fn new(base: std::time::Duration) -> Self {
+        Self {
+            base,
+            count: 0,
+            logged_at: None,
+            held_back: 0,
+        }
+    }
+
+    /// A claim failed: logs (rate-limited) and returns how long to wait before the next.
+    fn failed(&mut self, error: &crate::store::StoreError) -> std::time::Duration {
+        self.count = self.count.saturating_add(1);
+        let wait = self
+            .base
+            .saturating_mul(1 << self.count.min(16))
+            .min(CLAIM_BACKOFF_CAP);
+        if self
+            .logged_at
+            .is_none_or(|at| at.elapsed() >= CLAIM_LOG_EVERY)
+        {
+            tracing::warn!(%error, failures = self.count, similar_lines_not_logged = self.held_back, next_try_in = ?wait, "cannot claim jobs");
+            self.logged_at = Some(Instant::now());
+            self.held_back = 0;
+        } else {
+            self.held_back += 1;
+        }
+        wait
+    }
+
+    /// A claim succeeded: true if claims had been failing.
+    fn recovered(&mut self) -> bool {
+        let was_failing = self.count > 0;
+        self.count = 0;
+        self.logged_at = None;
+        self.held_back = 0;
+        was_failing
     }
 }
 

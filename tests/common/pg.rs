@@ -39,6 +39,11 @@ impl TestDatabase {
         format!("{server}/{}{query}", self.name)
     }
 
+    /// The database's name.
+    pub fn name(&self) -> String {
+        self.name.clone()
+    }
+
     /// Runs one statement on the admin database.
     pub async fn admin(&self, statement: &str) {
         let mut admin = PgConnection::connect(&self.admin_url)

@@ -131,6 +131,10 @@ impl OrderStore for StallingStore {
         self.inner.purge_terminal(before_ms).await
     }
 
+    async fn probe(&self, now_ms: i64) -> Result<(), StoreError> {
+        self.inner.probe(now_ms).await
+    }
+
     async fn stats(&self) -> Result<JobStats, StoreError> {
         self.inner.stats().await
     }

@@ -370,6 +370,19 @@ impl OrderStore for PostgresStore {
         }
     }
 
+    async fn probe(&self, now_ms: i64) -> Result<(), StoreError> {
+        let call = self.call(self.background);
+        let mut conn = call.connection(&self.pool).await?;
+        call.run(async {
+            sqlx::query(sql::PROBE)
+                .bind(now_ms)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn stats(&self) -> Result<JobStats, StoreError> {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;

@@ -529,6 +529,20 @@ impl OrderStore for SqliteStore {
         }
     }
 
+    async fn probe(&self, now_ms: i64) -> Result<(), StoreError> {
+        self.writer
+            .write(self.background, now_ms, |conn, now_ms| {
+                Box::pin(async move {
+                    sqlx::query(sql::PROBE)
+                        .bind(*now_ms)
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(())
+                })
+            })
+            .await
+    }
+
     async fn stats(&self) -> Result<JobStats, StoreError> {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.readers).await?;
