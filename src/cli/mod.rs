@@ -4,6 +4,7 @@ pub mod bare;
 mod demo;
 mod loadgen;
 mod place;
+mod procfs;
 mod serve;
 mod signal;
 mod stubs;
@@ -29,7 +30,7 @@ enum Command {
     Stubs(stubs::StubsArgs),
     /// Place one order with a chosen deadline; print the result and its budget waterfall.
     Place(place::PlaceArgs),
-    /// Drive PlaceOrder load and report orders/s and latency percentiles.
+    /// Drive PlaceOrder load and report orders/s, latency percentiles and CPU per order.
     Loadgen(loadgen::LoadgenArgs),
     /// A naive fan-out orchestrator over the same stubs (no deadlines, store or telemetry):
     /// the benchmark baseline, not a product.
