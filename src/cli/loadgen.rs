@@ -88,22 +88,44 @@ fn parse_target(s: &str) -> Result<Target, String> {
     Ok(Target { name, uri })
 }
 
-/// A process to measure: `--pid NAME=PID`.
+/// Processes to measure: `--pid NAME=PID` or `--pid NAME=cmdline:TEXT`.
 #[derive(Debug, Clone)]
 struct Probe {
     name: String,
-    pid: u32,
+    what: Measure,
+}
+
+/// Which processes a probe reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Measure {
+    /// One process.
+    Pid(u32),
+    /// Every process whose command line contains this text at the time of reading.
+    Cmdline(String),
+}
+
+impl Probe {
+    fn sample(&self) -> Option<ProcSample> {
+        match &self.what {
+            Measure::Pid(pid) => procfs::sample(*pid).ok(),
+            Measure::Cmdline(text) => procfs::sample_matching(text).ok(),
+        }
+    }
 }
 
 fn parse_probe(s: &str) -> Result<Probe, String> {
-    let (name, pid) = s.split_once('=').ok_or("expected NAME=PID")?;
-    let pid = pid.parse().map_err(|e| format!("PID {pid:?}: {e}"))?;
+    let (name, what) = s.split_once('=').ok_or("expected NAME=PID")?;
     if name.is_empty() {
         return Err("expected NAME=PID".to_owned());
     }
+    let what = match what.strip_prefix("cmdline:") {
+        Some("") => return Err("cmdline: needs a text".to_owned()),
+        Some(text) => Measure::Cmdline(text.to_owned()),
+        None => Measure::Pid(what.parse().map_err(|e| format!("PID {what:?}: {e}"))?),
+    };
     Ok(Probe {
         name: name.to_owned(),
-        pid,
+        what,
     })
 }
 
@@ -154,7 +176,9 @@ pub struct LoadgenArgs {
     #[arg(long, default_value_t = 1)]
     rounds: u32,
     /// A process to measure, `NAME=PID`, repeatable (CPU from /proc/PID/stat, RSS from
-    /// /proc/PID/status). Named like a lane, it is that lane's server.
+    /// /proc/PID/status). Named like a lane, it is that lane's server. `NAME=cmdline:TEXT`
+    /// measures every process whose command line holds TEXT (PostgreSQL backends show their
+    /// database there).
     #[arg(long = "pid", value_name = "NAME=PID", value_parser = parse_probe)]
     pids: Vec<Probe>,
     /// Split each run into windows of this length, each printed as it completes.
@@ -267,8 +291,8 @@ async fn run_lane(
     round: u32,
 ) -> anyhow::Result<Run> {
     let me = Probe {
-        name: "loadgen".to_owned(),
-        pid: std::process::id(),
+        name: report::LOADER.to_owned(),
+        what: Measure::Pid(std::process::id()),
     };
     match &lane.kind {
         LaneKind::Target(uri) => {
@@ -403,10 +427,7 @@ impl Windows {
 
 /// Every probe read now; `None` for a process that cannot be read.
 fn sample_all(probes: &[(Probe, bool)]) -> Vec<Option<ProcSample>> {
-    probes
-        .iter()
-        .map(|(p, _)| procfs::sample(p.pid).ok())
-        .collect()
+    probes.iter().map(|(p, _)| p.sample()).collect()
 }
 
 /// What the probes spent between two readings.
@@ -421,10 +442,8 @@ fn usage(
         .map(|((probe, server), (a, b))| ProcUse {
             name: probe.name.clone(),
             server: *server,
-            cpu: a
-                .zip(*b)
-                .map(|(a, b)| b.cpu.checked_sub(a.cpu).unwrap_or_default()),
-            rss_bytes: b.map(|b| b.rss_bytes),
+            cpu: a.as_ref().zip(b.as_ref()).map(|(a, b)| b.cpu_since(a)),
+            rss_bytes: b.as_ref().map(|b| b.rss_bytes),
         })
         .collect()
 }
@@ -776,6 +795,10 @@ fn print_summary(args: &LoadgenArgs, lanes: &[Lane], runs: &[Run]) -> anyhow::Re
                             ("backlog", backlog_text),
                             ("cpu_per_order_x", ratio(Measured::server_cpu_per_order_us)),
                             (
+                                "system_cpu_per_order_x",
+                                ratio(Measured::system_cpu_per_order_us),
+                            ),
+                            (
                                 "p99_x",
                                 ratio(|m| Some(m.tally.latency.value_at_quantile(0.99) as f64))
                             ),
@@ -795,8 +818,9 @@ fn print_summary(args: &LoadgenArgs, lanes: &[Lane], runs: &[Run]) -> anyhow::Re
     Ok(())
 }
 
-/// The headline: per lane, the server's CPU per order, p99 and achieved rate in open loop, and
-/// orders/s at saturation, each with its ratio to the first lane.
+/// The headline: per lane, in open loop the CPU per order of its server and of the whole
+/// system behind the loader (servers, stubs, database backends), p99 and the achieved rate;
+/// orders/s at saturation; each with its ratio to the first lane.
 fn headline(lanes: &[Lane], merged: &[(Mode, &Lane, Measured, Option<u64>)]) -> String {
     use std::fmt::Write;
     let find = |mode: Mode, lane: &str| {
@@ -819,10 +843,16 @@ fn headline(lanes: &[Lane], merged: &[(Mode, &Lane, Measured, Option<u64>)]) -> 
     let _ = writeln!(out, "\nheadline, ratios to {base}:");
     let _ = writeln!(
         out,
-        "{:<16}{:>20}{:>20}{:>20}{:>20}",
-        "lane", "CPU/order (open)", "p99 (open)", "achieved/s (open)", "saturation orders/s"
+        "{:<16}{:>20}{:>20}{:>20}{:>20}{:>20}",
+        "lane",
+        "server CPU/order",
+        "system CPU/order",
+        "p99 (open)",
+        "achieved/s (open)",
+        "saturation orders/s"
     );
     let cpu = |m: Option<&Measured>| m.and_then(Measured::server_cpu_per_order_us);
+    let system = |m: Option<&Measured>| m.and_then(Measured::system_cpu_per_order_us);
     let p99 =
         |m: Option<&Measured>| m.map(|m| m.tally.latency.value_at_quantile(0.99) as f64 / 1000.0);
     let rate = |m: Option<&Measured>| m.map(Measured::achieved);
@@ -834,9 +864,10 @@ fn headline(lanes: &[Lane], merged: &[(Mode, &Lane, Measured, Option<u64>)]) -> 
         let (b_open, b_sat) = (find(Mode::Open, base), find(Mode::Saturate, base));
         let _ = writeln!(
             out,
-            "{:<16}{}{}{}{}",
+            "{:<16}{}{}{}{}{}",
             lane.name,
             cell(cpu(open), cpu(b_open), " µs", 0),
+            cell(system(open), system(b_open), " µs", 0),
             cell(p99(open), p99(b_open), " ms", 1),
             cell(rate(open), rate(b_open), "", 0),
             cell(rate(sat), rate(b_sat), "", 0),
@@ -905,9 +936,12 @@ mod tests {
     }
 
     #[test]
-    fn probes_are_name_equals_pid() {
+    fn probes_are_a_name_and_a_pid_or_a_command_line_text() {
         let p = parse_probe("stubs=42").unwrap();
-        assert_eq!((p.name.as_str(), p.pid), ("stubs", 42));
+        assert_eq!((p.name.as_str(), p.what), ("stubs", Measure::Pid(42)));
+        let p = parse_probe("postgres=cmdline: checkout_bench ").unwrap();
+        assert_eq!(p.what, Measure::Cmdline(" checkout_bench ".into()));
+        assert!(parse_probe("postgres=cmdline:").is_err());
         assert!(parse_probe("stubs").is_err());
         assert!(parse_probe("=42").is_err());
         assert!(parse_probe("stubs=x").is_err());

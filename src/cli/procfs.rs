@@ -1,7 +1,9 @@
-//! CPU time and resident memory of a process, read from Linux's `/proc`: what `loadgen` turns
-//! into "CPU per answered order" and "RSS" for each server process it measures. Elsewhere than
+//! CPU time and resident memory of a process, or of every process whose command line holds a
+//! text (the PostgreSQL backends of one database), read from Linux's `/proc`: what `loadgen`
+//! turns into "CPU per answered order" and "RSS" for each server it measures. Elsewhere than
 //! Linux every read fails and loadgen prints `-`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// `USER_HZ`, the unit of `utime`/`stime` in `/proc/PID/stat`. Linux fixes it at 100 in its
@@ -9,25 +11,71 @@ use std::time::Duration;
 /// resolution: over a 10 s window of 11,000 orders that is under 1 µs per order.
 const TICKS_PER_SECOND: u64 = 100;
 
-/// One reading of a process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One reading of a process, or of a set of processes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ProcSample {
-    /// User + system CPU time of every thread since the process started.
-    pub cpu: Duration,
-    /// Resident set size.
+    /// User + system CPU time of every thread since each process started, by PID.
+    pub cpu: BTreeMap<u32, Duration>,
+    /// Resident set size, summed.
     pub rss_bytes: u64,
+}
+
+impl ProcSample {
+    /// CPU spent between `earlier` and this reading: per PID, so a process that appeared in
+    /// between counts from zero. (One that ended in between is lost: its time is gone.)
+    pub fn cpu_since(&self, earlier: &ProcSample) -> Duration {
+        self.cpu
+            .iter()
+            .map(|(pid, now)| now.saturating_sub(earlier.cpu.get(pid).copied().unwrap_or_default()))
+            .sum()
+    }
 }
 
 /// Reads `pid`'s CPU time (`/proc/PID/stat`) and resident memory (`VmRSS` of
 /// `/proc/PID/status`, in kB there, so no page-size guess).
 pub fn sample(pid: u32) -> std::io::Result<ProcSample> {
+    let (cpu, rss_bytes) = read(pid)?;
+    Ok(ProcSample {
+        cpu: BTreeMap::from([(pid, cpu)]),
+        rss_bytes,
+    })
+}
+
+/// Reads every process (but this one) whose command line contains `text`, e.g. the
+/// PostgreSQL backends serving one database (their titles name it).
+pub fn sample_matching(text: &str) -> std::io::Result<ProcSample> {
+    let me = std::process::id();
+    let mut sample = ProcSample::default();
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue; // Gone since the listing.
+        };
+        if pid == me || !String::from_utf8_lossy(&cmdline).contains(text) {
+            continue;
+        }
+        if let Ok((cpu, rss)) = read(pid) {
+            sample.cpu.insert(pid, cpu);
+            sample.rss_bytes += rss;
+        }
+    }
+    Ok(sample)
+}
+
+fn read(pid: u32) -> std::io::Result<(Duration, u64)> {
     let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    Ok(ProcSample {
-        cpu: cpu_of(&stat).ok_or_else(|| invalid("unreadable /proc/PID/stat"))?,
-        rss_bytes: rss_of(&status).ok_or_else(|| invalid("no VmRSS in /proc/PID/status"))?,
-    })
+    Ok((
+        cpu_of(&stat).ok_or_else(|| invalid("unreadable /proc/PID/stat"))?,
+        rss_of(&status).ok_or_else(|| invalid("no VmRSS in /proc/PID/status"))?,
+    ))
 }
 
 /// `utime + stime` of a `/proc/PID/stat` line. The command name (field 2) is in parentheses and
@@ -81,8 +129,28 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn this_process_can_be_sampled() {
-        let sample = sample(std::process::id()).expect("/proc/self is readable on Linux");
+    fn this_process_can_be_sampled_but_never_matches_itself() {
+        let me = std::process::id();
+        let sample = sample(me).expect("/proc/self is readable on Linux");
         assert!(sample.rss_bytes > 0);
+        assert!(sample.cpu.contains_key(&me));
+        let name = std::env::args().next().unwrap_or_default();
+        let matching = sample_matching(&name).expect("/proc is listable on Linux");
+        assert!(!matching.cpu.contains_key(&me));
+    }
+
+    /// A process that starts between two readings counts from zero; a shared one by its delta.
+    #[test]
+    fn cpu_since_is_the_sum_of_per_process_deltas() {
+        let ms = Duration::from_millis;
+        let before = ProcSample {
+            cpu: BTreeMap::from([(1, ms(100)), (2, ms(50))]),
+            rss_bytes: 0,
+        };
+        let after = ProcSample {
+            cpu: BTreeMap::from([(1, ms(130)), (3, ms(20))]),
+            rss_bytes: 0,
+        };
+        assert_eq!(after.cpu_since(&before), ms(50));
     }
 }

@@ -81,6 +81,16 @@ pub struct ProcUse {
     pub rss_bytes: Option<u64>,
 }
 
+impl ProcUse {
+    /// The load generator measuring itself alongside separate server processes.
+    pub fn is_loader(&self) -> bool {
+        !self.server && self.name == LOADER
+    }
+}
+
+/// The name the loader measures itself under.
+pub const LOADER: &str = "loadgen";
+
 /// A tally with the time it took and what the processes spent meanwhile.
 #[derive(Debug, Clone)]
 pub struct Measured {
@@ -114,6 +124,17 @@ impl Measured {
     /// CPU µs per answered order of the lane's server.
     pub fn server_cpu_per_order_us(&self) -> Option<f64> {
         Self::cpu_per_order_us(self.server()?, self.tally.answered)
+    }
+
+    /// CPU µs per answered order of every measured process but the loader: the servers, the
+    /// stubs and the database, i.e. what the whole system behind the loader spent.
+    pub fn system_cpu_per_order_us(&self) -> Option<f64> {
+        let system: Vec<&ProcUse> = self.procs.iter().filter(|p| !p.is_loader()).collect();
+        if system.is_empty() || self.tally.answered == 0 {
+            return None;
+        }
+        let cpu: Duration = system.iter().map(|p| p.cpu).sum::<Option<Duration>>()?;
+        Some(cpu.as_secs_f64() * 1e6 / self.tally.answered as f64)
     }
 
     /// Adds another span of the same lane (another round): tallies, spans and CPU add up, the
@@ -283,6 +304,7 @@ mod tests {
         assert_eq!(a.tally.answered, 4000);
         assert_eq!(a.span, Duration::from_secs(2));
         assert_eq!(a.server_cpu_per_order_us(), Some(500.0));
+        assert_eq!(a.system_cpu_per_order_us(), Some(500.0));
         assert_eq!(a.achieved(), 2000.0);
         assert_eq!(a.tally.outcomes["CONFIRMED"], 4000);
     }
