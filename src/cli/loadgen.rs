@@ -706,7 +706,8 @@ fn print_window(
         );
     } else {
         if i == 0 {
-            println!("{}", report::header(&format!("{lane} window"), &m.procs));
+            println!("{lane}, round {round}, {:?} windows:", windows.each);
+            println!("{}", report::header("window", &m.procs));
         }
         println!("{}", report::row(&format!("{start:>5}-{stop}s"), &m));
     }
