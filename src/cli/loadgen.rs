@@ -820,8 +820,8 @@ fn print_summary(args: &LoadgenArgs, lanes: &[Lane], runs: &[Run]) -> anyhow::Re
 }
 
 /// The headline: per lane, in open loop the CPU per order of its server and of the whole
-/// system behind the loader (servers, stubs, database backends), p99 and the achieved rate;
-/// orders/s at saturation; each with its ratio to the first lane.
+/// system behind the loader (servers, stubs, database backends), p99 and the achieved rate; at
+/// saturation the server's CPU per order and orders/s; each with its ratio to the first lane.
 fn headline(lanes: &[Lane], merged: &[(Mode, &Lane, Measured, Option<u64>)]) -> String {
     use std::fmt::Write;
     let find = |mode: Mode, lane: &str| {
@@ -832,25 +832,31 @@ fn headline(lanes: &[Lane], merged: &[(Mode, &Lane, Measured, Option<u64>)]) -> 
     };
     let base = &lanes[0].name;
     let cell = |value: Option<f64>, base: Option<f64>, unit: &str, digits: usize| match value {
-        None => format!("{:>20}", "-"),
+        None => format!("{:>18}", "-"),
         Some(v) => {
             let ratio = base
                 .filter(|b| *b > 0.0)
                 .map_or("".to_owned(), |b| format!("{:.2}×", v / b));
-            format!("{:>12}{:>8}", format!("{v:.digits$}{unit}"), ratio)
+            format!("{:>11}{:>7}", format!("{v:.digits$}{unit}"), ratio)
         }
     };
     let mut out = String::new();
     let _ = writeln!(out, "\nheadline, ratios to {base}:");
     let _ = writeln!(
         out,
-        "{:<16}{:>20}{:>20}{:>20}{:>20}{:>20}",
+        "{:<16}{:>36}{:>36}{:>36}",
+        "", "open loop", "", "saturation"
+    );
+    let _ = writeln!(
+        out,
+        "{:<16}{:>18}{:>18}{:>18}{:>18}{:>18}{:>18}",
         "lane",
         "server CPU/order",
         "system CPU/order",
-        "p99 (open)",
-        "achieved/s (open)",
-        "saturation orders/s"
+        "p99",
+        "achieved/s",
+        "server CPU/order",
+        "orders/s"
     );
     let cpu = |m: Option<&Measured>| m.and_then(Measured::server_cpu_per_order_us);
     let system = |m: Option<&Measured>| m.and_then(Measured::system_cpu_per_order_us);
@@ -865,12 +871,13 @@ fn headline(lanes: &[Lane], merged: &[(Mode, &Lane, Measured, Option<u64>)]) -> 
         let (b_open, b_sat) = (find(Mode::Open, base), find(Mode::Saturate, base));
         let _ = writeln!(
             out,
-            "{:<16}{}{}{}{}{}",
+            "{:<16}{}{}{}{}{}{}",
             lane.name,
             cell(cpu(open), cpu(b_open), " µs", 0),
             cell(system(open), system(b_open), " µs", 0),
             cell(p99(open), p99(b_open), " ms", 1),
             cell(rate(open), rate(b_open), "", 0),
+            cell(cpu(sat), cpu(b_sat), " µs", 0),
             cell(rate(sat), rate(b_sat), "", 0),
         );
     }
