@@ -844,8 +844,8 @@ fn headline(lanes: &[Lane], merged: &[(Mode, &Lane, Measured, Option<u64>)]) -> 
     let _ = writeln!(out, "\nheadline, ratios to {base}:");
     let _ = writeln!(
         out,
-        "{:<16}{:>36}{:>36}{:>36}",
-        "", "open loop", "", "saturation"
+        "{:<16}{:-^72}{:-^36}",
+        "", " open loop ", " saturation "
     );
     let _ = writeln!(
         out,
@@ -953,6 +953,40 @@ mod tests {
         assert!(parse_probe("stubs").is_err());
         assert!(parse_probe("=42").is_err());
         assert!(parse_probe("stubs=x").is_err());
+    }
+
+    /// The headline's group labels span its columns, and every ratio is to the first lane.
+    #[test]
+    fn the_headline_lines_up_and_divides_by_the_first_lane() {
+        let measured = |answered: u64, cpu_ms: u64| {
+            let mut tally = Tally::new().unwrap();
+            tally.latency.record(1_000).unwrap();
+            tally.answered = answered;
+            Measured {
+                tally,
+                span: Duration::from_secs(1),
+                procs: vec![ProcUse {
+                    name: "x".into(),
+                    server: true,
+                    cpu: Some(Duration::from_millis(cpu_ms)),
+                    rss_bytes: None,
+                }],
+            }
+        };
+        let lane = |name: &str| Lane {
+            name: name.into(),
+            kind: LaneKind::Target(String::new()),
+        };
+        let lanes = [lane("bare"), lane("serve")];
+        let merged = vec![
+            (Mode::Open, &lanes[0], measured(1000, 200), None),
+            (Mode::Open, &lanes[1], measured(1000, 900), None),
+        ];
+        let text = headline(&lanes, &merged);
+        let lines: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(lines[1].chars().count(), lines[2].chars().count());
+        assert!(lines[3].contains("200 µs  1.00×"), "{text}");
+        assert!(lines[4].contains("900 µs  4.50×"), "{text}");
     }
 
     /// Orders belong to the window they were scheduled in; the last window may be short.
