@@ -1,8 +1,10 @@
 //! Command-line entry points. Each subcommand is one file; `run` dispatches.
 
+pub mod bare;
 mod demo;
 mod loadgen;
 mod place;
+mod procfs;
 mod serve;
 mod signal;
 mod stubs;
@@ -29,8 +31,11 @@ enum Command {
     Stubs(stubs::StubsArgs),
     /// Place one order with a chosen deadline; print the result and its budget waterfall.
     Place(place::PlaceArgs),
-    /// Drive PlaceOrder load and report orders/s and latency percentiles.
+    /// Drive PlaceOrder load and report orders/s, latency percentiles and CPU per order.
     Loadgen(loadgen::LoadgenArgs),
+    /// A naive fan-out orchestrator over the same stubs (no deadlines, store or telemetry):
+    /// the benchmark baseline, not a product.
+    Bare(bare::BareArgs),
 }
 
 /// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
@@ -38,7 +43,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let telemetry = match &cli.command {
         Command::Demo(_) | Command::Serve(_) => Some(crate::telemetry::init("checkout")),
         Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs")),
-        Command::Place(_) | Command::Loadgen(_) => None,
+        // The bare baseline has no telemetry on purpose: it is what serve is compared with.
+        Command::Place(_) | Command::Loadgen(_) | Command::Bare(_) => None,
     };
     let result = match cli.command {
         Command::Demo(args) => demo::run(args).await,
@@ -46,6 +52,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stubs(args) => stubs::run(args).await,
         Command::Place(args) => place::run(args).await,
         Command::Loadgen(args) => loadgen::run(args).await,
+        Command::Bare(args) => bare::run(args).await,
     };
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();

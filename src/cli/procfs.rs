@@ -1,0 +1,156 @@
+//! CPU time and resident memory of a process, or of every process whose command line holds a
+//! text (the PostgreSQL backends of one database), read from Linux's `/proc`: what `loadgen`
+//! turns into "CPU per answered order" and "RSS" for each server it measures. Elsewhere than
+//! Linux every read fails and loadgen prints `-`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// `USER_HZ`, the unit of `utime`/`stime` in `/proc/PID/stat`. Linux fixes it at 100 in its
+/// user-space ABI whatever the kernel's own `HZ` (`getconf CLK_TCK` prints it), so a 10 ms
+/// resolution: over a 10 s window of 11,000 orders that is under 1 µs per order.
+const TICKS_PER_SECOND: u64 = 100;
+
+/// One reading of a process, or of a set of processes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProcSample {
+    /// User + system CPU time of every thread since each process started, by PID.
+    pub cpu: BTreeMap<u32, Duration>,
+    /// Resident set size, summed.
+    pub rss_bytes: u64,
+}
+
+impl ProcSample {
+    /// CPU spent between `earlier` and this reading: per PID, so a process that appeared in
+    /// between counts from zero. (One that ended in between is lost: its time is gone.)
+    pub fn cpu_since(&self, earlier: &ProcSample) -> Duration {
+        self.cpu
+            .iter()
+            .map(|(pid, now)| now.saturating_sub(earlier.cpu.get(pid).copied().unwrap_or_default()))
+            .sum()
+    }
+}
+
+/// Reads `pid`'s CPU time (`/proc/PID/stat`) and resident memory (`VmRSS` of
+/// `/proc/PID/status`, in kB there, so no page-size guess).
+pub fn sample(pid: u32) -> std::io::Result<ProcSample> {
+    let (cpu, rss_bytes) = read(pid)?;
+    Ok(ProcSample {
+        cpu: BTreeMap::from([(pid, cpu)]),
+        rss_bytes,
+    })
+}
+
+/// Reads every process (but this one) whose command line contains `text`, e.g. the
+/// PostgreSQL backends serving one database (their titles name it).
+pub fn sample_matching(text: &str) -> std::io::Result<ProcSample> {
+    let me = std::process::id();
+    let mut sample = ProcSample::default();
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue; // Gone since the listing.
+        };
+        if pid == me || !String::from_utf8_lossy(&cmdline).contains(text) {
+            continue;
+        }
+        if let Ok((cpu, rss)) = read(pid) {
+            sample.cpu.insert(pid, cpu);
+            sample.rss_bytes += rss;
+        }
+    }
+    Ok(sample)
+}
+
+fn read(pid: u32) -> std::io::Result<(Duration, u64)> {
+    let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok((
+        cpu_of(&stat).ok_or_else(|| invalid("unreadable /proc/PID/stat"))?,
+        rss_of(&status).ok_or_else(|| invalid("no VmRSS in /proc/PID/status"))?,
+    ))
+}
+
+/// `utime + stime` of a `/proc/PID/stat` line. The command name (field 2) is in parentheses and
+/// may itself hold spaces or parentheses, so fields are counted from the LAST `)`.
+pub fn cpu_of(stat: &str) -> Option<Duration> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After the name: state(3) ppid pgrp session tty_nr tpgid flags minflt cminflt majflt
+    // cmajflt utime(14) stime(15): utime is the 12th field after the `)`.
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    let ticks = utime + stime;
+    Some(
+        Duration::from_secs(ticks / TICKS_PER_SECOND)
+            + Duration::from_millis((ticks % TICKS_PER_SECOND) * 1000 / TICKS_PER_SECOND),
+    )
+}
+
+/// `VmRSS` of a `/proc/PID/status` text, in bytes.
+pub fn rss_of(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line
+        .trim_start_matches("VmRSS:")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command name with spaces and parentheses does not shift the fields.
+    #[test]
+    fn cpu_is_utime_plus_stime_counted_from_the_last_parenthesis() {
+        let stat = "4242 (tokio (rt) worker) S 1 4242 4242 0 -1 4194560 900 0 0 0 \
+                    250 130 0 0 20 0 9 0 100 1000000 2000 18446744073709551615";
+        assert_eq!(cpu_of(stat), Some(Duration::from_millis(3_800)));
+        assert_eq!(cpu_of("garbage"), None);
+        assert_eq!(cpu_of("1 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn rss_is_read_from_vmrss_in_kilobytes() {
+        let status = "Name:\tcheckout\nVmPeak:\t  900 kB\nVmRSS:\t   51200 kB\nThreads:\t9\n";
+        assert_eq!(rss_of(status), Some(51_200 * 1024));
+        assert_eq!(rss_of("Name:\tkthreadd\n"), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn this_process_can_be_sampled_but_never_matches_itself() {
+        let me = std::process::id();
+        let sample = sample(me).expect("/proc/self is readable on Linux");
+        assert!(sample.rss_bytes > 0);
+        assert!(sample.cpu.contains_key(&me));
+        let name = std::env::args().next().unwrap_or_default();
+        let matching = sample_matching(&name).expect("/proc is listable on Linux");
+        assert!(!matching.cpu.contains_key(&me));
+    }
+
+    /// A process that starts between two readings counts from zero; a shared one by its delta.
+    #[test]
+    fn cpu_since_is_the_sum_of_per_process_deltas() {
+        let ms = Duration::from_millis;
+        let before = ProcSample {
+            cpu: BTreeMap::from([(1, ms(100)), (2, ms(50))]),
+            rss_bytes: 0,
+        };
+        let after = ProcSample {
+            cpu: BTreeMap::from([(1, ms(130)), (3, ms(20))]),
+            rss_bytes: 0,
+        };
+        assert_eq!(after.cpu_since(&before), ms(50));
+    }
+}
