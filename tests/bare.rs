@@ -7,7 +7,7 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use checkout::checkout::order_id;
+use checkout::checkout::is_order_id;
 use checkout::proto::checkout::v1::{
     self as pb, OrderStatus, checkout_service_client::CheckoutServiceClient,
 };
@@ -63,7 +63,7 @@ async fn bare_confirms_with_the_real_references_and_sends_no_deadline() {
         .into_inner();
     assert_eq!(order.status(), OrderStatus::Confirmed);
     assert_eq!(order.reason, "");
-    assert_eq!(order.order_id, order_id("test:checkout", "k-1"));
+    assert!(is_order_id(&order.order_id), "{}", order.order_id);
     assert_eq!(order.wallet_reference, order.order_id);
     assert_eq!(order.total.as_ref().map(|m| m.minor_units), Some(1234));
 

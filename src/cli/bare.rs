@@ -21,8 +21,8 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
 
-use crate::checkout::{Reason, X_CLIENT_ID, frozen_cart, order_id};
-use crate::downstream::{CallError, HoldOutcome, classify_hold, error_reason};
+use crate::checkout::{Reason, frozen_cart, new_order_id};
+use crate::downstream::{CallError, HoldOutcome, HoldTerms, classify_hold, error_reason};
 use crate::proto::cart::v1::{FreezeCartRequest, cart_service_client::CartServiceClient};
 use crate::proto::checkout::v1::{
     self as pb, OrderStatus, checkout_service_server::CheckoutService,
@@ -126,15 +126,8 @@ impl CheckoutService for Bare {
         &self,
         request: Request<pb::PlaceOrderRequest>,
     ) -> Result<Response<pb::Order>, Status> {
-        let client = request
-            .metadata()
-            .get(X_CLIENT_ID)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("anonymous");
-        let id = order_id(
-            &format!("{client}:checkout"),
-            &request.get_ref().idempotency_key,
-        );
+        // A fresh random id per order, like `serve` (no idempotency here: nothing is stored).
+        let id = new_order_id();
         let created = SystemTime::now();
         let ending = self.place(&id, request.into_inner()).await;
         let held = ending.declined.is_none();
@@ -227,20 +220,20 @@ impl Bare {
             return Ending::declined(reason, Some(total));
         }
 
-        let hold = self
-            .wallet
-            .clone()
-            .hold(HoldRequest {
-                reference: id.to_owned(),
-                account_id: order.wallet_account_id,
-                amount: Some(Money {
-                    currency: total.currency.clone(),
-                    minor_units: total.minor_units,
-                }),
-            })
-            .await;
-        let refusal = match classify_hold(hold.map(Response::into_inner).map_err(CallError::Status))
-        {
+        let hold_request = HoldRequest {
+            reference: id.to_owned(),
+            account_id: order.wallet_account_id,
+            amount: Some(Money {
+                currency: total.currency.clone(),
+                minor_units: total.minor_units,
+            }),
+        };
+        let terms = HoldTerms::of(&hold_request);
+        let hold = self.wallet.clone().hold(hold_request).await;
+        let refusal = match classify_hold(
+            hold.map(Response::into_inner).map_err(CallError::Status),
+            &terms,
+        ) {
             HoldOutcome::Success { .. } => None,
             HoldOutcome::Rejected(reason) if reason == "INSUFFICIENT_FUNDS" => {
                 Some(Reason::InsufficientFunds)
