@@ -6,13 +6,14 @@
 //! in one transaction and one fsync, and each caller is answered after that commit. The thread
 //! runs each write's statements ([`writes`]) itself, from its cache of prepared statements, so
 //! a group costs one hand-off between threads, not one per statement. `get`, `find`,
-//! `list_parked` and `stats` read through read-only connections, which WAL lets run alongside
-//! the writer.
+//! `list_parked` and `stats` read through read-only connections on tokio's blocking pool
+//! ([`readers`]), which WAL lets run alongside the writer.
 //!
 //! The schema is applied at open by sqlx's migrator (so `_sqlx_migrations` stays what sqlx-cli
 //! expects) before the file is handed to the writer.
 
 mod error;
+mod readers;
 mod rows;
 mod writer;
 mod writes;
@@ -23,18 +24,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::OpenFlags;
 use sqlx::Connection;
-use sqlx::error::DatabaseError;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous as Synchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous as Synchronous,
 };
 
-use super::call::{Call, migrate_error, open_error};
+use super::call::{migrate_error, open_error};
 use super::{
     Begin, Decision, Job, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
     ParkedJob, StoreError, TimeLimit, schema, sql,
 };
 use crate::config::SqliteSynchronous;
+use readers::Readers;
 use writer::Writer;
 use writes::{Claim, Operator};
 
@@ -44,24 +44,17 @@ pub struct SqliteStore {
     /// The thread that owns the write connection; every write is queued to it.
     writer: Writer,
     /// Read-only connections for `get`, `find`, `list_parked` and `stats`.
-    readers: SqlitePool,
+    readers: Readers,
     /// Bound on calls nobody waits on (worker, `get`, `stats`).
     background: Duration,
     /// `<data_dir>/checkout.db`.
     path: PathBuf,
 }
 
-/// SQLITE_BUSY and SQLITE_LOCKED (with any extended code): the lock wait ran out.
-fn is_busy(e: &dyn DatabaseError) -> bool {
-    e.code()
-        .and_then(|code| code.parse::<i32>().ok())
-        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
-}
-
 /// Opens the writer's connection on the migrated file: WAL, `synchronous` as configured,
 /// foreign keys enforced, savepoint journals in memory (every write of a group has one), and a
 /// statement cache that holds every statement the writer runs.
-fn open_writer_connection(
+fn open_read_write(
     path: &Path,
     synchronous: SqliteSynchronous,
     busy: Duration,
@@ -93,7 +86,19 @@ fn open_writer_connection(
         .and_then(|()| conn.busy_timeout(busy))
         .map_err(unavailable)?;
     conn.set_prepared_statement_cache_capacity(writer::STATEMENT_CACHE);
+    stable_plans(&conn).map_err(unavailable)?;
     Ok(conn)
+}
+
+/// Makes the query planner ignore the values bound to parameters, so a cached statement is
+/// never prepared again because a bound value changed (SQLite otherwise re-plans a statement
+/// whose `LIMIT $n` gets a new value, e.g. every claim of a different number of jobs).
+fn stable_plans(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
+    Ok(())
 }
 
 impl SqliteStore {
@@ -143,7 +148,7 @@ impl SqliteStore {
         let conn = {
             let path = path.clone();
             tokio::task::spawn_blocking(move || {
-                open_writer_connection(&path, synchronous, background_timeout)
+                open_read_write(&path, synchronous, background_timeout)
             })
             .await
             .map_err(|e| StoreError::Unavailable(format!("opening the writer: {e}")))??
@@ -153,16 +158,12 @@ impl SqliteStore {
         if let Err(e) = migrator.close().await {
             tracing::warn!(error = %e, "closing the sqlite migration connection");
         }
-        let readers = SqlitePoolOptions::new()
-            .max_connections(readers.max(1))
-            .acquire_timeout(background_timeout)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            // A local file cannot hang up; pinging would only add a round trip.
-            .test_before_acquire(false)
-            .connect_with(base.read_only(true))
-            .await
-            .map_err(open_error)?;
+        let readers = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || Readers::open(&path, readers, background_timeout))
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("opening the readers: {e}")))??
+        };
         tracing::info!(path = %path.display(), ?synchronous, "sqlite store open");
         Ok(Self {
             writer: Writer::start(conn)?,
@@ -176,22 +177,6 @@ impl SqliteStore {
     pub fn path(&self) -> &Path {
         &self.path
     }
-
-    fn call(&self, limit: Duration) -> Call {
-        Call::start(limit, is_busy)
-    }
-}
-
-/// Reads one order with its parked job kinds on a read connection.
-async fn load(
-    conn: &mut SqliteConnection,
-    order_id: &str,
-) -> Result<Option<OrderRecord>, super::call::Fail> {
-    let row = sqlx::query(rows::SELECT_ORDER)
-        .bind(order_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(row.as_ref().map(sql::order_from_row).transpose()?)
 }
 
 #[async_trait]
@@ -237,9 +222,10 @@ impl OrderStore for SqliteStore {
     }
 
     async fn get(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.readers).await?;
-        call.run(load(&mut conn, order_id)).await
+        let order_id = order_id.to_owned();
+        self.readers
+            .read(self.background, move |conn| rows::load(conn, &order_id))
+            .await
     }
 
     async fn find(
@@ -247,17 +233,12 @@ impl OrderStore for SqliteStore {
         scope: &str,
         idempotency_key: &str,
     ) -> Result<Option<OrderRecord>, StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.readers).await?;
-        call.run(async {
-            let row = sqlx::query(rows::SELECT_ORDER_BY_KEY)
-                .bind(scope)
-                .bind(idempotency_key)
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok(row.as_ref().map(sql::order_from_row).transpose()?)
-        })
-        .await
+        let (scope, key) = (scope.to_owned(), idempotency_key.to_owned());
+        self.readers
+            .read(self.background, move |conn| {
+                rows::load_by_key(conn, &scope, &key)
+            })
+            .await
     }
 
     async fn abandon(
@@ -277,20 +258,12 @@ impl OrderStore for SqliteStore {
     }
 
     async fn list_parked(&self, after_id: i64, limit: usize) -> Result<Vec<ParkedJob>, StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.readers).await?;
-        call.run(async {
-            let rows = sqlx::query(sql::LIST_PARKED)
-                .bind(after_id)
-                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                .fetch_all(&mut *conn)
-                .await?;
-            Ok(rows
-                .iter()
-                .map(sql::parked_from_row)
-                .collect::<Result<_, _>>()?)
-        })
-        .await
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.readers
+            .read(self.background, move |conn| {
+                rows::parked(conn, after_id, limit)
+            })
+            .await
     }
 
     async fn retry_parked(
@@ -357,17 +330,12 @@ impl OrderStore for SqliteStore {
     }
 
     async fn stats(&self) -> Result<JobStats, StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.readers).await?;
-        call.run(async {
-            let row = sqlx::query(sql::STATS).fetch_one(&mut *conn).await?;
-            Ok(sql::stats_from_row(&row)?)
-        })
-        .await
+        self.readers.read(self.background, rows::stats).await
     }
 
     async fn close(&self) {
         self.readers.close().await;
+        // The last connection to close checkpoints what is left and removes the WAL.
         self.writer.close().await;
     }
 }

@@ -4,7 +4,7 @@
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, named_params};
 
-use super::super::{Job, JobKind, OrderRecord, StoreError, sql};
+use super::super::{Job, JobKind, JobStats, OrderRecord, ParkedJob, StoreError, sql};
 use super::error::Fail;
 
 /// One order with its parked job kinds: `$1` order id.
@@ -88,4 +88,25 @@ pub(super) fn load_by_key(
         )
         .optional()?;
     Ok(found.transpose()?)
+}
+
+/// Parked jobs with an id above `after_id`, lowest first, at most `limit`.
+pub(super) fn parked(conn: &Connection, after_id: i64, limit: i64) -> Result<Vec<ParkedJob>, Fail> {
+    let mut statement = conn.prepare_cached(sql::LIST_PARKED)?;
+    let rows = statement.query_map(named_params! { "$1": after_id, "$2": limit }, |row| {
+        Ok(sql::parked_from_row(&Lite(row)))
+    })?;
+    let mut parked = Vec::new();
+    for row in rows {
+        parked.push(row??);
+    }
+    Ok(parked)
+}
+
+/// The counts of [`JobStats`].
+pub(super) fn stats(conn: &Connection) -> Result<JobStats, Fail> {
+    let stats = conn
+        .prepare_cached(sql::STATS)?
+        .query_row([], |row| Ok(sql::stats_from_row(&Lite(row))))?;
+    Ok(stats?)
 }
