@@ -9,9 +9,13 @@
 //! `list_parked` and `stats` read through read-only connections on tokio's blocking pool
 //! ([`readers`]), which WAL lets run alongside the writer.
 //!
+//! A third connection copies the WAL back into the database file from its own thread
+//! ([`checkpointer`]), so the writer never stops a group to checkpoint.
+//!
 //! The schema is applied at open by sqlx's migrator (so `_sqlx_migrations` stays what sqlx-cli
 //! expects) before the file is handed to the writer.
 
+mod checkpointer;
 mod error;
 mod readers;
 mod rows;
@@ -34,6 +38,7 @@ use super::{
     ParkedJob, StoreError, TimeLimit, schema, sql,
 };
 use crate::config::SqliteSynchronous;
+use checkpointer::Checkpointer;
 use readers::Readers;
 use writer::Writer;
 use writes::{Claim, Operator};
@@ -45,15 +50,19 @@ pub struct SqliteStore {
     writer: Writer,
     /// Read-only connections for `get`, `find`, `list_parked` and `stats`.
     readers: Readers,
+    /// The thread that copies the WAL back into the database file.
+    checkpointer: Checkpointer,
     /// Bound on calls nobody waits on (worker, `get`, `stats`).
     background: Duration,
     /// `<data_dir>/checkout.db`.
     path: PathBuf,
 }
 
-/// Opens the writer's connection on the migrated file: WAL, `synchronous` as configured,
-/// foreign keys enforced, savepoint journals in memory (every write of a group has one), and a
-/// statement cache that holds every statement the writer runs.
+/// Opens a read-write connection on the migrated file, for the writer or the checkpointer:
+/// WAL, `synchronous` as configured (a checkpoint syncs the database file too), foreign keys
+/// enforced, savepoint journals in memory (every write of a group has one), automatic
+/// checkpoints only as the checkpointer's backstop, and a statement cache that holds every
+/// statement the writer runs.
 fn open_read_write(
     path: &Path,
     synchronous: SqliteSynchronous,
@@ -83,6 +92,13 @@ fn open_read_write(
     conn.pragma_update(None, "synchronous", synchronous)
         .and_then(|()| conn.pragma_update(None, "foreign_keys", "ON"))
         .and_then(|()| conn.pragma_update(None, "temp_store", "MEMORY"))
+        .and_then(|()| {
+            conn.pragma_update(
+                None,
+                "wal_autocheckpoint",
+                checkpointer::WRITER_BACKSTOP_PAGES,
+            )
+        })
         .and_then(|()| conn.busy_timeout(busy))
         .map_err(unavailable)?;
     conn.set_prepared_statement_cache_capacity(writer::STATEMENT_CACHE);
@@ -145,16 +161,18 @@ impl SqliteStore {
             .run(&mut migrator)
             .await
             .map_err(migrate_error)?;
-        let conn = {
+        // The writer's and the checkpointer's connections are opened before the migration
+        // connection closes, so that it is not the last one: the WAL files stay, and a
+        // read-only connection needs them.
+        let (conn, checkpoints) = {
             let path = path.clone();
             tokio::task::spawn_blocking(move || {
-                open_read_write(&path, synchronous, background_timeout)
+                let open = || open_read_write(&path, synchronous, background_timeout);
+                Ok::<_, StoreError>((open()?, open()?))
             })
             .await
             .map_err(|e| StoreError::Unavailable(format!("opening the writer: {e}")))??
         };
-        // Closed only now, so that it is not the last connection: the WAL files stay, and a
-        // read-only connection needs them.
         if let Err(e) = migrator.close().await {
             tracing::warn!(error = %e, "closing the sqlite migration connection");
         }
@@ -168,6 +186,7 @@ impl SqliteStore {
         Ok(Self {
             writer: Writer::start(conn)?,
             readers,
+            checkpointer: Checkpointer::start(checkpoints, checkpointer::CADENCE)?,
             background: background_timeout,
             path,
         })
@@ -334,6 +353,7 @@ impl OrderStore for SqliteStore {
     }
 
     async fn close(&self) {
+        self.checkpointer.close().await;
         self.readers.close().await;
         // The last connection to close checkpoints what is left and removes the WAL.
         self.writer.close().await;
