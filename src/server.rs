@@ -59,11 +59,26 @@ pub async fn serve(
     store: Arc<dyn OrderStore>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    // A store that cannot take writes would fail every order while health said SERVING.
+    probe(store.as_ref()).await?;
+    serve_probed(listener, config, store, shutdown).await
+}
+
+/// Proves the store takes writes: a store that cannot would fail every order while health
+/// said SERVING, so it stops the start.
+async fn probe(store: &dyn OrderStore) -> Result<(), ServerError> {
     store
         .probe(crate::deadline::now_ms())
         .await
-        .map_err(ServerError::StoreNotWritable)?;
+        .map_err(ServerError::StoreNotWritable)
+}
+
+/// [`serve`] once the store has been probed.
+async fn serve_probed(
+    listener: TcpListener,
+    config: Arc<Config>,
+    store: Arc<dyn OrderStore>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     let downstreams = Downstreams::connect_lazy(
         &config.downstream,
         &config.steps,
@@ -209,7 +224,8 @@ pub struct Running {
 }
 
 impl Running {
-    /// Starts serving on `listener` in the background.
+    /// Starts serving on `listener` in the background, once the store has proved it takes
+    /// writes.
     pub async fn start(
         listener: TcpListener,
         config: Arc<Config>,
@@ -219,7 +235,9 @@ impl Running {
         let tls = config.tls.is_some();
         let shutdown = CancellationToken::new();
         let signal = shutdown.clone();
-        let task = tokio::spawn(serve(listener, config, store, async move {
+        // Probed here, so a store that takes no writes fails `start` itself.
+        probe(store.as_ref()).await?;
+        let task = tokio::spawn(serve_probed(listener, config, store, async move {
             signal.cancelled().await
         }));
         Ok(Self {

@@ -1333,6 +1333,109 @@ mod sqlite_file {
         store.close().await;
     }
 
+    /// The applied migrations as sqlx records them: version, description, checksum, success.
+    async fn applied(conn: &mut SqliteConnection) -> Vec<(i64, String, Vec<u8>, bool)> {
+        sqlx::query_as(
+            "SELECT version, description, checksum, success FROM _sqlx_migrations \
+             ORDER BY version",
+        )
+        .fetch_all(conn)
+        .await
+        .expect("_sqlx_migrations")
+    }
+
+    /// A data dir written before the store had its own writer thread — migrated by sqlx's
+    /// migrator from the migration files (as sqlx-cli does), rows written through sqlx — opens:
+    /// its orders read back, its jobs are claimed, new orders are recorded, and
+    /// `_sqlx_migrations` is left exactly as it was, so sqlx-cli still agrees with it.
+    #[tokio::test]
+    async fn a_data_dir_migrated_and_written_by_sqlx_opens_with_its_orders() {
+        let dir = TempDir::new().expect("temp dir");
+        let file = dir.path().join("checkout.db");
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&file)
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
+        let mut old = SqliteConnection::connect_with(&options)
+            .await
+            .expect("old connection");
+        let folder =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/migrations/sqlite");
+        let migrator = sqlx::migrate::Migrator::new(folder.as_path())
+            .await
+            .expect("migration files");
+        migrator
+            .run(&mut old)
+            .await
+            .expect("migrated as sqlx-cli does");
+        // A CONFIRMED order with its capture pending, and an order a crash left RECEIVED.
+        old.execute(
+            "INSERT INTO orders (order_id, scope, idempotency_key, request_hash, customer_id, \
+             cart_id, wallet_account_id, expected_currency, expected_minor, deadline_ms, phase, \
+             status, reason, retryable, retry_after_ms, total_currency, total_minor, hold_id, \
+             hold_sent_at_ms, fraud_review, created_at_ms, updated_at_ms) VALUES \
+             ('o-old', 'tests:checkout', 'key-o-old', '5f1d', 'customer-1', 'cart-4200', \
+             'account-1', NULL, NULL, 2400, 'DECIDED', 'CONFIRMED', '', 0, NULL, 'USD', 4200, \
+             'hold-1', 10, 0, 0, 50), \
+             ('o-crashed', 'tests:checkout', 'key-o-crashed', '5f1d', 'customer-1', \
+             'cart-4200', 'account-1', 'USD', 4200, 2400, 'RECEIVED', 'PENDING', \
+             'IN_PROGRESS', 0, NULL, NULL, NULL, NULL, NULL, 0, 0, 0); \
+             INSERT INTO jobs (order_id, kind, state, attempts, run_at_ms, created_at_ms, \
+             updated_at_ms) VALUES ('o-old', 'drive_order', 'done', 0, 100, 0, 50), \
+             ('o-old', 'wallet_capture', 'pending', 0, 60, 50, 50), \
+             ('o-crashed', 'drive_order', 'pending', 0, 100, 0, 0)",
+        )
+        .await
+        .expect("rows written through sqlx");
+        let before = applied(&mut old).await;
+        let files = std::fs::read_dir(&folder)
+            .expect("migrations folder")
+            .filter(|f| {
+                f.as_ref()
+                    .is_ok_and(|f| f.file_name().to_string_lossy().ends_with(".sql"))
+            })
+            .count();
+        assert_eq!(before.len(), files, "every migration applied: {before:?}");
+        old.close().await.expect("closed");
+
+        let store = SqliteStore::open(dir.path(), SqliteSynchronous::Full, 2, BACKGROUND)
+            .await
+            .expect("opens the old data dir");
+        let confirmed = stored(&store, "o-old").await;
+        assert_eq!(confirmed.status, OrderStatus::Confirmed);
+        assert_eq!(confirmed.phase, Phase::Decided);
+        assert_eq!(confirmed.total, Some(usd(4200)));
+        assert_eq!(confirmed.hold_id.as_deref(), Some("hold-1"));
+        let crashed = store
+            .find("tests:checkout", "key-o-crashed")
+            .await
+            .expect("find")
+            .expect("the crashed order is stored");
+        assert_eq!(crashed.phase, Phase::Received);
+        assert_eq!(crashed.order.expected_total, Some(usd(4200)));
+        let jobs = claim(&store, "w", 100, 1_000).await;
+        assert_eq!(
+            kinds(&jobs),
+            [
+                ("o-old".to_owned(), JobKind::WalletCapture),
+                ("o-crashed".to_owned(), JobKind::DriveOrder),
+            ]
+        );
+        create(&store, "o-new", 200).await;
+        store.close().await;
+
+        let mut after = SqliteConnection::connect_with(&options)
+            .await
+            .expect("reopened");
+        assert_eq!(applied(&mut after).await, before);
+        migrator
+            .run(&mut after)
+            .await
+            .expect("sqlx-cli finds nothing to apply");
+        assert_eq!(applied(&mut after).await, before);
+        after.close().await.expect("closed");
+    }
+
     /// `store::open` without a database URL opens SQLite under the data dir, and refuses a
     /// URL that is not PostgreSQL.
     #[tokio::test]

@@ -17,8 +17,8 @@
 //! # Layout
 //! - [`MemoryStore`] (`memory.rs`): the reference semantics, in process memory.
 //! - [`SqliteStore`] (`sqlite/`): the embedded default, one file under the data dir. One
-//!   writer task commits the writes in groups (`sqlite/writer.rs`); each write is one
-//!   multi-statement text (`sqlite/script.rs`).
+//!   writer thread owns the write connection and commits the writes in groups
+//!   (`sqlite/writer.rs`), running each write's statements itself (`sqlite/writes.rs`).
 //! - [`PostgresStore`] (`postgres/`): one database shared by several replicas. Writer lanes
 //!   commit the writes in groups (`postgres/writer.rs`), with one set-based statement per kind
 //!   of write (`postgres/batch.rs`; decisions in `postgres/decision.rs`).

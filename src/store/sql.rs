@@ -79,7 +79,7 @@ macro_rules! finish_done_sql {
         )
     };
 }
-pub(super) use {finish_done_sql, while_leased};
+pub(super) use while_leased;
 
 /// Hands a leased job back for a later attempt. `$4` next run, `$5` 1 if the attempt failed
 /// else 0, `$6` error text, `$7` 1 if it was a definitive rejection else 0, `$8` now if it
@@ -94,7 +94,6 @@ macro_rules! finish_retry_sql {
         )
     };
 }
-pub(super) use finish_retry_sql;
 
 /// Parks a leased job. `$4` error text, `$5` now.
 macro_rules! finish_park_sql {
@@ -114,6 +113,9 @@ pub(super) const FINISH_DONE: &str = finish_done_sql!();
 /// Hands a leased job back for a later attempt; see [`finish_retry_sql`].
 pub(super) const FINISH_RETRY: &str = finish_retry_sql!();
 
+/// Parks a leased job; see [`finish_park_sql`].
+pub(super) const FINISH_PARK: &str = finish_park_sql!();
+
 /// Deletes up to `$2` terminal orders last updated before `$1` that have no pending or parked
 /// job (`<> 'done'`: the state check allows nothing else, and unlike `IN ('pending',
 /// 'parked')` it cannot make the planner read every open job through the state index); their
@@ -128,7 +130,6 @@ macro_rules! purge_batch_sql {
          LIMIT $2)"
     };
 }
-pub(super) use purge_batch_sql;
 
 /// One batch of [`purge_batch_sql`].
 pub(super) const PURGE_BATCH: &str = purge_batch_sql!();
@@ -199,22 +200,18 @@ pub(super) const STATS: &str = "SELECT \
      (SELECT COUNT(*) FROM orders WHERE status = 'PENDING') AS orders_pending";
 
 /// A parked job from a [`LIST_PARKED`] row.
-pub(super) fn parked_from_row<R>(row: &R) -> Result<super::ParkedJob, StoreError>
-where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-{
+pub(super) fn parked_from_row<R: Columns + ?Sized>(
+    row: &R,
+) -> Result<super::ParkedJob, StoreError> {
     Ok(super::ParkedJob {
-        id: column(row, "id")?,
-        order_id: column(row, "order_id")?,
-        kind: JobKind::parse(&column::<_, String>(row, "kind")?)?,
-        attempts: non_negative(column(row, "attempts")?, "jobs.attempts")?,
-        rejections: non_negative(column(row, "rejections")?, "jobs.rejections")?,
-        last_error: column(row, "last_error")?,
-        parked_at_ms: column(row, "updated_at_ms")?,
-        failing_since_ms: column(row, "failing_since_ms")?,
+        id: row.int("id")?,
+        order_id: row.text("order_id")?,
+        kind: JobKind::parse(&row.text("kind")?)?,
+        attempts: non_negative(row.int("attempts")?, "jobs.attempts")?,
+        rejections: non_negative(row.int("rejections")?, "jobs.rejections")?,
+        last_error: row.text("last_error")?,
+        parked_at_ms: row.int("updated_at_ms")?,
+        failing_since_ms: row.opt_int("failing_since_ms")?,
     })
 }
 
@@ -236,7 +233,52 @@ pub(super) fn received(order: &NewOrder) -> OrderRecord {
     }
 }
 
-/// Reads one column, reporting a type mismatch as [`StoreError::Corrupt`].
+/// The named columns of one result row, whichever driver read it: rows of sqlx (PostgreSQL)
+/// and of rusqlite (the SQLite store) decode through the same functions. A value of the wrong
+/// type, or NULL where none may be, is [`StoreError::Corrupt`].
+pub(super) trait Columns {
+    /// A text column that is never NULL.
+    fn text(&self, name: &'static str) -> Result<String, StoreError>;
+    /// A nullable text column.
+    fn opt_text(&self, name: &'static str) -> Result<Option<String>, StoreError>;
+    /// An integer column that is never NULL.
+    fn int(&self, name: &'static str) -> Result<i64, StoreError>;
+    /// A nullable integer column.
+    fn opt_int(&self, name: &'static str) -> Result<Option<i64>, StoreError>;
+    /// A boolean column (an integer 0 or 1 on SQLite).
+    fn flag(&self, name: &'static str) -> Result<bool, StoreError>;
+}
+
+impl<R> Columns for R
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+{
+    fn text(&self, name: &'static str) -> Result<String, StoreError> {
+        column(self, name)
+    }
+
+    fn opt_text(&self, name: &'static str) -> Result<Option<String>, StoreError> {
+        column(self, name)
+    }
+
+    fn int(&self, name: &'static str) -> Result<i64, StoreError> {
+        column(self, name)
+    }
+
+    fn opt_int(&self, name: &'static str) -> Result<Option<i64>, StoreError> {
+        column(self, name)
+    }
+
+    fn flag(&self, name: &'static str) -> Result<bool, StoreError> {
+        column(self, name)
+    }
+}
+
+/// Reads one column of an sqlx row, reporting a type mismatch as [`StoreError::Corrupt`].
 fn column<'r, R, T>(row: &'r R, name: &'static str) -> Result<T, StoreError>
 where
     R: Row,
@@ -266,15 +308,8 @@ fn money(
 }
 
 /// Decodes a row of [`select_order_sql`].
-pub(super) fn order_from_row<R>(row: &R) -> Result<OrderRecord, StoreError>
-where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let parked: Option<String> = column(row, "parked_jobs")?;
+pub(super) fn order_from_row<R: Columns + ?Sized>(row: &R) -> Result<OrderRecord, StoreError> {
+    let parked = row.opt_text("parked_jobs")?;
     let mut parked_jobs = parked
         .as_deref()
         .unwrap_or_default()
@@ -285,47 +320,42 @@ where
     parked_jobs.sort_unstable();
     Ok(OrderRecord {
         order: NewOrder {
-            order_id: column(row, "order_id")?,
-            scope: column(row, "scope")?,
-            idempotency_key: column(row, "idempotency_key")?,
-            request_hash: column(row, "request_hash")?,
-            customer_id: column(row, "customer_id")?,
-            cart_id: column(row, "cart_id")?,
-            wallet_account_id: column(row, "wallet_account_id")?,
+            order_id: row.text("order_id")?,
+            scope: row.text("scope")?,
+            idempotency_key: row.text("idempotency_key")?,
+            request_hash: row.text("request_hash")?,
+            customer_id: row.text("customer_id")?,
+            cart_id: row.text("cart_id")?,
+            wallet_account_id: row.text("wallet_account_id")?,
             expected_total: money(
-                column(row, "expected_currency")?,
-                column(row, "expected_minor")?,
+                row.opt_text("expected_currency")?,
+                row.opt_int("expected_minor")?,
                 "orders.expected_total",
             )?,
-            deadline_ms: column(row, "deadline_ms")?,
-            created_at_ms: column(row, "created_at_ms")?,
+            deadline_ms: row.int("deadline_ms")?,
+            created_at_ms: row.int("created_at_ms")?,
         },
-        phase: Phase::parse(&column::<_, String>(row, "phase")?)?,
-        status: OrderStatus::parse(&column::<_, String>(row, "status")?)?,
-        reason: column(row, "reason")?,
-        retryable: column(row, "retryable")?,
-        retry_after_ms: column(row, "retry_after_ms")?,
+        phase: Phase::parse(&row.text("phase")?)?,
+        status: OrderStatus::parse(&row.text("status")?)?,
+        reason: row.text("reason")?,
+        retryable: row.flag("retryable")?,
+        retry_after_ms: row.opt_int("retry_after_ms")?,
         total: money(
-            column(row, "total_currency")?,
-            column(row, "total_minor")?,
+            row.opt_text("total_currency")?,
+            row.opt_int("total_minor")?,
             "orders.total",
         )?,
-        hold_id: column(row, "hold_id")?,
-        hold_sent_at_ms: column(row, "hold_sent_at_ms")?,
-        fraud_review: column(row, "fraud_review")?,
-        updated_at_ms: column(row, "updated_at_ms")?,
+        hold_id: row.opt_text("hold_id")?,
+        hold_sent_at_ms: row.opt_int("hold_sent_at_ms")?,
+        fraud_review: row.flag("fraud_review")?,
+        updated_at_ms: row.int("updated_at_ms")?,
         parked_jobs,
     })
 }
 
 /// Decodes the row of [`STATS`].
-pub(super) fn stats_from_row<R>(row: &R) -> Result<JobStats, StoreError>
-where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let count = |name: &'static str| non_negative(column(row, name)?, name);
+pub(super) fn stats_from_row<R: Columns + ?Sized>(row: &R) -> Result<JobStats, StoreError> {
+    let count = |name: &'static str| non_negative(row.int(name)?, name);
     Ok(JobStats {
         pending: count("pending")?,
         parked: count("parked")?,

@@ -1,290 +1,120 @@
 //! [`SqliteStore`]: the embedded default — one file under the data dir, in WAL mode, with one
-//! writer connection and a pool of readers.
+//! writer thread and a pool of readers.
 //!
-//! SQLite allows one writer at a time, so one task owns the only write connection and every
-//! write is queued to it ([`writer`]): the writes waiting at any moment commit together, in one
-//! transaction and one fsync, and each caller is answered after that commit. Each write is
-//! one multi-statement text ([`script`]), so it costs one trip to the connection's thread.
-//! `get` and `stats` read through read-only connections, which WAL lets run alongside the
-//! writer.
+//! SQLite allows one writer at a time, so one OS thread owns the only write connection and
+//! every write is queued to it ([`writer`]): the writes waiting at any moment commit together,
+//! in one transaction and one fsync, and each caller is answered after that commit. The thread
+//! runs each write's statements ([`writes`]) itself, from its cache of prepared statements, so
+//! a group costs one hand-off between threads, not one per statement. `get`, `find`,
+//! `list_parked` and `stats` read through read-only connections on tokio's blocking pool
+//! ([`readers`]), which WAL lets run alongside the writer.
+//!
+//! A third connection copies the WAL back into the database file from its own thread
+//! ([`checkpointer`]), so the writer never stops a group to checkpoint.
+//!
+//! The schema is applied at open by sqlx's migrator (so `_sqlx_migrations` stays what sqlx-cli
+//! expects) before the file is handed to the writer.
 
-mod script;
+mod checkpointer;
+mod error;
+mod readers;
+mod rows;
 mod writer;
+mod writes;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::error::DatabaseError;
-use sqlx::query::Query;
+use rusqlite::OpenFlags;
+use sqlx::Connection;
 use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
-    SqlitePoolOptions, SqliteRow, SqliteSynchronous as Synchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous as Synchronous,
 };
-use sqlx::{AssertSqlSafe, Connection, Row, Sqlite};
 
-use super::call::{Call, Fail, migrate_error, open_error};
+use super::call::{migrate_error, open_error};
 use super::{
-    Begin, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord,
-    OrderStore, ParkedJob, StoreError, TimeLimit, schema, sql,
+    Begin, Decision, Job, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
+    ParkedJob, StoreError, TimeLimit, schema, sql,
 };
 use crate::config::SqliteSynchronous;
+use checkpointer::Checkpointer;
+use readers::Readers;
 use writer::Writer;
+use writes::{Claim, Operator};
 
 /// The embedded store. Cheap to share behind an `Arc`; [`OrderStore::close`] ends it.
 #[derive(Debug)]
 pub struct SqliteStore {
-    /// The task that owns the write connection; every write is queued to it.
+    /// The thread that owns the write connection; every write is queued to it.
     writer: Writer,
-    /// Read-only connections for `get` and `stats`.
-    readers: SqlitePool,
+    /// Read-only connections for `get`, `find`, `list_parked` and `stats`.
+    readers: Readers,
+    /// The thread that copies the WAL back into the database file.
+    checkpointer: Checkpointer,
     /// Bound on calls nobody waits on (worker, `get`, `stats`).
     background: Duration,
     /// `<data_dir>/checkout.db`.
     path: PathBuf,
 }
 
-/// SQLITE_BUSY and SQLITE_LOCKED (with any extended code): the lock wait ran out.
-fn is_busy(e: &dyn DatabaseError) -> bool {
-    e.code()
-        .and_then(|code| code.parse::<i32>().ok())
-        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
-}
-
-/// Reads one order with its parked job kinds.
-async fn load(conn: &mut SqliteConnection, order_id: &str) -> Result<Option<OrderRecord>, Fail> {
-    let row = sqlx::query(script::SELECT_ORDER)
-        .bind(order_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(row.as_ref().map(sql::order_from_row).transpose()?)
-}
-
-/// [`OrderStore::decide`] as one trip: see [`script::decision`].
-async fn apply_decision(conn: &mut SqliteConnection, d: &Decision) -> Result<OrderRecord, Fail> {
-    // The text is built only from constant fragments and parameter numbers.
-    let mut query = sqlx::query(AssertSqlSafe(script::decision(d)))
-        .bind(&d.order_id)
-        .bind(d.status.as_str())
-        .bind(&d.reason)
-        .bind(d.retryable)
-        .bind(d.retry_after_ms)
-        .bind(d.fraud_review)
-        .bind(d.at_ms)
-        .bind(d.total.as_ref().map(|m| m.currency.clone()))
-        .bind(d.total.as_ref().map(|m| m.minor_units))
-        .bind(d.hold_id.clone());
-    for job in &d.jobs {
-        query = query.bind(job.kind.as_str()).bind(job.run_at_ms);
+/// Opens a read-write connection on the migrated file, for the writer or the checkpointer:
+/// WAL, `synchronous` as configured (a checkpoint syncs the database file too), foreign keys
+/// enforced, savepoint journals in memory (every write of a group has one), automatic
+/// checkpoints only as the checkpointer's backstop, and a statement cache that holds every
+/// statement the writer runs.
+fn open_read_write(
+    path: &Path,
+    synchronous: SqliteSynchronous,
+    busy: Duration,
+) -> Result<rusqlite::Connection, StoreError> {
+    let unavailable = |e: rusqlite::Error| {
+        StoreError::Unavailable(format!("cannot open {}: {e}", path.display()))
+    };
+    let conn = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(unavailable)?;
+    let journal: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+        .map_err(unavailable)?;
+    if !journal.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Unavailable(format!(
+            "{} cannot use WAL (journal mode {journal})",
+            path.display()
+        )));
     }
-    for kind in &d.complete {
-        query = query.bind(kind.as_str());
-    }
-    let rows = query.fetch_all(&mut *conn).await?;
-    let row = rows
-        .first()
-        .ok_or_else(|| StoreError::Corrupt(format!("decision for unknown order {}", d.order_id)))?;
-    Ok(sql::order_from_row(row)?)
+    let synchronous = match synchronous {
+        SqliteSynchronous::Full => "FULL",
+        SqliteSynchronous::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", synchronous)
+        .and_then(|()| conn.pragma_update(None, "foreign_keys", "ON"))
+        .and_then(|()| conn.pragma_update(None, "temp_store", "MEMORY"))
+        .and_then(|()| {
+            conn.pragma_update(
+                None,
+                "wal_autocheckpoint",
+                checkpointer::WRITER_BACKSTOP_PAGES,
+            )
+        })
+        .and_then(|()| conn.busy_timeout(busy))
+        .map_err(unavailable)?;
+    conn.set_prepared_statement_cache_capacity(writer::STATEMENT_CACHE);
+    stable_plans(&conn).map_err(unavailable)?;
+    Ok(conn)
 }
 
-/// A claimed job from a [`script::CLAIM_DUE`] row.
-fn job_from_row(row: &SqliteRow, owner: &str, lease_until_ms: i64) -> Result<Job, Fail> {
-    let kind: String = row.try_get("kind")?;
-    Ok(Job {
-        id: row.try_get("id")?,
-        order_id: row.try_get("order_id")?,
-        kind: JobKind::parse(&kind)?,
-        attempts: sql::non_negative(row.try_get("attempts")?, "jobs.attempts")?,
-        rejections: sql::non_negative(row.try_get("rejections")?, "jobs.rejections")?,
-        failing_since_ms: row.try_get("failing_since_ms")?,
-        lease_owner: owner.to_owned(),
-        lease_until_ms,
-    })
-}
-
-/// The count a script's final `SELECT changes() AS <name>` returned.
-async fn count(
-    query: Query<'_, Sqlite, SqliteArguments>,
-    conn: &mut SqliteConnection,
-    name: &'static str,
-) -> Result<u64, Fail> {
-    let rows = query.fetch_all(&mut *conn).await?;
-    let row = rows
-        .first()
-        .ok_or_else(|| StoreError::Corrupt(format!("no {name} count returned")))?;
-    Ok(sql::non_negative(row.try_get(name)?, name)?)
-}
-
-/// [`OrderStore::begin`] as one trip: see [`script::BEGIN`].
-async fn insert_order(
-    conn: &mut SqliteConnection,
-    order: &NewOrder,
-    takeover_at_ms: i64,
-) -> Result<Begin, Fail> {
-    let expected = order.expected_total.as_ref();
-    let existing = sqlx::query(script::BEGIN)
-        .bind(&order.order_id)
-        .bind(&order.scope)
-        .bind(&order.idempotency_key)
-        .bind(&order.request_hash)
-        .bind(&order.customer_id)
-        .bind(&order.cart_id)
-        .bind(&order.wallet_account_id)
-        .bind(expected.map(|m| m.currency.as_str()))
-        .bind(expected.map(|m| m.minor_units))
-        .bind(order.deadline_ms)
-        .bind(order.created_at_ms)
-        .bind(takeover_at_ms)
-        .fetch_all(&mut *conn)
-        .await?;
-    Ok(match existing.first() {
-        None => Begin::Created(sql::received(order)),
-        Some(row) => Begin::Existing(sql::order_from_row(row)?),
-    })
-}
-
-/// [`OrderStore::record_hold_intent`] as one trip.
-async fn hold_intent(
-    conn: &mut SqliteConnection,
-    order_id: &str,
-    total: &Money,
-    at_ms: i64,
-) -> Result<(), Fail> {
-    sqlx::query(script::RECORD_HOLD_INTENT)
-        .bind(order_id)
-        .bind(&total.currency)
-        .bind(total.minor_units)
-        .bind(at_ms)
-        .execute(&mut *conn)
-        .await?;
+/// Makes the query planner ignore the values bound to parameters, so a cached statement is
+/// never prepared again because a bound value changed (SQLite otherwise re-plans a statement
+/// whose `LIMIT $n` gets a new value, e.g. every claim of a different number of jobs).
+fn stable_plans(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     Ok(())
-}
-
-/// What [`OrderStore::claim_due`] was asked for.
-struct Claim {
-    owner: String,
-    now_ms: i64,
-    lease_until_ms: i64,
-    limit: i64,
-}
-
-/// [`OrderStore::claim_due`] as one trip: see [`script::CLAIM_DUE`].
-async fn claim_due(conn: &mut SqliteConnection, claim: &Claim) -> Result<Vec<Job>, Fail> {
-    let rows = sqlx::query(script::CLAIM_DUE)
-        .bind(claim.now_ms)
-        .bind(claim.limit)
-        .bind(&claim.owner)
-        .bind(claim.lease_until_ms)
-        .fetch_all(&mut *conn)
-        .await?;
-    rows.iter()
-        .map(|row| job_from_row(row, &claim.owner, claim.lease_until_ms))
-        .collect()
-}
-
-/// [`OrderStore::finish_job`]: one trip, and a second for a decision if the lease held.
-async fn finish_job(
-    conn: &mut SqliteConnection,
-    job: &Job,
-    outcome: &JobOutcome,
-) -> Result<bool, Fail> {
-    let lease = |statement: &'static str| {
-        sqlx::query(statement)
-            .bind(job.id)
-            .bind(&job.lease_owner)
-            .bind(job.lease_until_ms)
-    };
-    let finished = match outcome {
-        JobOutcome::Done(decision) => {
-            let done = lease(script::FINISH_DONE).bind(decision.as_ref().map(|d| d.at_ms));
-            count(done, conn, "finished").await?
-        }
-        JobOutcome::RetryAt {
-            run_at_ms,
-            failure,
-            error,
-            at_ms,
-        } => {
-            let retry = lease(script::FINISH_RETRY)
-                .bind(run_at_ms)
-                .bind(i64::from(failure.failed()))
-                .bind(error)
-                .bind(i64::from(*failure == Failure::Rejection))
-                .bind((*failure == Failure::Transient).then_some(*at_ms));
-            count(retry, conn, "finished").await?
-        }
-        JobOutcome::Park { error, at_ms } => {
-            let park = lease(script::FINISH_PARK)
-                .bind(error)
-                .bind(at_ms)
-                .bind(&job.order_id);
-            count(park, conn, "finished").await?
-        }
-    };
-    if finished != 1 {
-        // The lease was lost; nothing was changed.
-        return Ok(false);
-    }
-    if let JobOutcome::Done(Some(decision)) = outcome {
-        apply_decision(conn, decision).await?;
-    }
-    Ok(true)
-}
-
-/// What [`OrderStore::abandon`] and [`OrderStore::retry_parked`] were asked for.
-struct Operator {
-    order_id: Option<String>,
-    at_ms: i64,
-    retry_after_ms: i64,
-}
-
-/// [`OrderStore::abandon`]: the order first; its jobs only if it changed.
-async fn abandon(conn: &mut SqliteConnection, op: &Operator) -> Result<bool, Fail> {
-    let changed = sqlx::query(sql::ABANDON_ORDER)
-        .bind(&op.order_id)
-        .bind(op.at_ms)
-        .bind(op.retry_after_ms)
-        .bind(true)
-        .bind(false)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-    if changed != 1 {
-        return Ok(false);
-    }
-    for statement in [sql::ABANDON_JOBS, sql::ABANDON_COMPENSATIONS] {
-        sqlx::query(statement)
-            .bind(&op.order_id)
-            .bind(op.at_ms)
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(true)
-}
-
-/// [`OrderStore::retry_parked`]: the jobs, then the orders they leave unparked.
-async fn retry_parked(conn: &mut SqliteConnection, op: &Operator) -> Result<u64, Fail> {
-    let requeued = sqlx::query(sql::RETRY_PARKED_JOBS)
-        .bind(op.at_ms)
-        .bind(&op.order_id)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-    sqlx::query(sql::RETRY_PARKED_ORDERS)
-        .bind(op.at_ms)
-        .bind(&op.order_id)
-        .bind(op.retry_after_ms)
-        .execute(&mut *conn)
-        .await?;
-    Ok(requeued)
-}
-
-/// One batch of [`OrderStore::purge_terminal`]: how many orders it deleted.
-async fn purge_batch(conn: &mut SqliteConnection, before_ms: i64) -> Result<u64, Fail> {
-    let purge = sqlx::query(script::PURGE_BATCH)
-        .bind(before_ms)
-        .bind(sql::PURGE_BATCH_SIZE);
-    count(purge, conn, "purged").await
 }
 
 impl SqliteStore {
@@ -320,7 +150,7 @@ impl SqliteStore {
             })
             // Savepoint journals stay in memory: every write of a group has one.
             .pragma("temp_store", "memory");
-        let mut conn = tokio::time::timeout(
+        let mut migrator = tokio::time::timeout(
             background_timeout,
             SqliteConnection::connect_with(&writer_options),
         )
@@ -328,24 +158,35 @@ impl SqliteStore {
         .map_err(|_| StoreError::Unavailable("could not open the database in time".to_owned()))?
         .map_err(open_error)?;
         schema::sqlite()
-            .run(&mut conn)
+            .run(&mut migrator)
             .await
             .map_err(migrate_error)?;
-        // Opened after the writer: a read-only connection needs the WAL files to exist.
-        let readers = SqlitePoolOptions::new()
-            .max_connections(readers.max(1))
-            .acquire_timeout(background_timeout)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            // A local file cannot hang up; pinging would only add a round trip.
-            .test_before_acquire(false)
-            .connect_with(base.read_only(true))
+        // The writer's and the checkpointer's connections are opened before the migration
+        // connection closes, so that it is not the last one: the WAL files stay, and a
+        // read-only connection needs them.
+        let (conn, checkpoints) = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || {
+                let open = || open_read_write(&path, synchronous, background_timeout);
+                Ok::<_, StoreError>((open()?, open()?))
+            })
             .await
-            .map_err(open_error)?;
+            .map_err(|e| StoreError::Unavailable(format!("opening the writer: {e}")))??
+        };
+        if let Err(e) = migrator.close().await {
+            tracing::warn!(error = %e, "closing the sqlite migration connection");
+        }
+        let readers = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || Readers::open(&path, readers, background_timeout))
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("opening the readers: {e}")))??
+        };
         tracing::info!(path = %path.display(), ?synchronous, "sqlite store open");
         Ok(Self {
-            writer: Writer::start(conn, is_busy),
+            writer: Writer::start(conn)?,
             readers,
+            checkpointer: Checkpointer::start(checkpoints, checkpointer::CADENCE)?,
             background: background_timeout,
             path,
         })
@@ -354,10 +195,6 @@ impl SqliteStore {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    fn call(&self, limit: Duration) -> Call {
-        Call::start(limit, is_busy)
     }
 }
 
@@ -369,10 +206,10 @@ impl OrderStore for SqliteStore {
         takeover_at_ms: i64,
         limit: TimeLimit,
     ) -> Result<Begin, StoreError> {
-        let data = (order.clone(), takeover_at_ms);
+        let order = order.clone();
         self.writer
-            .write(limit.0, data, |conn, (order, takeover_at_ms)| {
-                Box::pin(insert_order(conn, order, *takeover_at_ms))
+            .write(limit.0, move |conn| {
+                writes::begin(conn, &order, takeover_at_ms)
             })
             .await
     }
@@ -384,10 +221,10 @@ impl OrderStore for SqliteStore {
         at_ms: i64,
         limit: TimeLimit,
     ) -> Result<(), StoreError> {
-        let data = (order_id.to_owned(), total.clone(), at_ms);
+        let (order_id, total) = (order_id.to_owned(), total.clone());
         self.writer
-            .write(limit.0, data, |conn, (order_id, total, at_ms)| {
-                Box::pin(hold_intent(conn, order_id, total, *at_ms))
+            .write(limit.0, move |conn| {
+                writes::record_hold_intent(conn, &order_id, &total, at_ms)
             })
             .await
     }
@@ -397,17 +234,17 @@ impl OrderStore for SqliteStore {
         decision: &Decision,
         limit: TimeLimit,
     ) -> Result<OrderRecord, StoreError> {
+        let decision = decision.clone();
         self.writer
-            .write(limit.0, decision.clone(), |conn, decision| {
-                Box::pin(apply_decision(conn, decision))
-            })
+            .write(limit.0, move |conn| writes::decide(conn, &decision))
             .await
     }
 
     async fn get(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.readers).await?;
-        call.run(load(&mut conn, order_id)).await
+        let order_id = order_id.to_owned();
+        self.readers
+            .read(self.background, move |conn| rows::load(conn, &order_id))
+            .await
     }
 
     async fn find(
@@ -415,17 +252,12 @@ impl OrderStore for SqliteStore {
         scope: &str,
         idempotency_key: &str,
     ) -> Result<Option<OrderRecord>, StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.readers).await?;
-        call.run(async {
-            let row = sqlx::query(script::SELECT_ORDER_BY_KEY)
-                .bind(scope)
-                .bind(idempotency_key)
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok(row.as_ref().map(sql::order_from_row).transpose()?)
-        })
-        .await
+        let (scope, key) = (scope.to_owned(), idempotency_key.to_owned());
+        self.readers
+            .read(self.background, move |conn| {
+                rows::load_by_key(conn, &scope, &key)
+            })
+            .await
     }
 
     async fn abandon(
@@ -440,25 +272,17 @@ impl OrderStore for SqliteStore {
             retry_after_ms,
         };
         self.writer
-            .write(self.background, op, |conn, op| Box::pin(abandon(conn, op)))
+            .write(self.background, move |conn| writes::abandon(conn, &op))
             .await
     }
 
     async fn list_parked(&self, after_id: i64, limit: usize) -> Result<Vec<ParkedJob>, StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.readers).await?;
-        call.run(async {
-            let rows = sqlx::query(sql::LIST_PARKED)
-                .bind(after_id)
-                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                .fetch_all(&mut *conn)
-                .await?;
-            Ok(rows
-                .iter()
-                .map(sql::parked_from_row)
-                .collect::<Result<_, _>>()?)
-        })
-        .await
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.readers
+            .read(self.background, move |conn| {
+                rows::parked(conn, after_id, limit)
+            })
+            .await
     }
 
     async fn retry_parked(
@@ -473,9 +297,7 @@ impl OrderStore for SqliteStore {
             retry_after_ms,
         };
         self.writer
-            .write(self.background, op, |conn, op| {
-                Box::pin(retry_parked(conn, op))
-            })
+            .write(self.background, move |conn| writes::retry_parked(conn, &op))
             .await
     }
 
@@ -489,26 +311,23 @@ impl OrderStore for SqliteStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let data = Claim {
+        let claim = Claim {
             owner: owner.to_owned(),
             now_ms,
             lease_until_ms,
             limit: i64::try_from(limit).unwrap_or(i64::MAX),
         };
         self.writer
-            .write(self.background, data, |conn, claim| {
-                Box::pin(claim_due(conn, claim))
-            })
+            .write(self.background, move |conn| writes::claim_due(conn, &claim))
             .await
     }
 
     async fn finish_job(&self, job: &Job, outcome: &JobOutcome) -> Result<bool, StoreError> {
+        let (job, outcome) = (job.clone(), outcome.clone());
         self.writer
-            .write(
-                self.background,
-                (job.clone(), outcome.clone()),
-                |conn, (job, outcome)| Box::pin(finish_job(conn, job, outcome)),
-            )
+            .write(self.background, move |conn| {
+                writes::finish_job(conn, &job, &outcome)
+            })
             .await
     }
 
@@ -518,8 +337,8 @@ impl OrderStore for SqliteStore {
             // One write per batch, so request writes join the groups in between.
             let batch = self
                 .writer
-                .write(self.background, before_ms, |conn, before_ms| {
-                    Box::pin(purge_batch(conn, *before_ms))
+                .write(self.background, move |conn| {
+                    writes::purge_batch(conn, before_ms)
                 })
                 .await?;
             purged += batch;
@@ -531,30 +350,18 @@ impl OrderStore for SqliteStore {
 
     async fn probe(&self, now_ms: i64) -> Result<(), StoreError> {
         self.writer
-            .write(self.background, now_ms, |conn, now_ms| {
-                Box::pin(async move {
-                    sqlx::query(sql::PROBE)
-                        .bind(*now_ms)
-                        .execute(&mut *conn)
-                        .await?;
-                    Ok(())
-                })
-            })
+            .write(self.background, move |conn| writes::probe(conn, now_ms))
             .await
     }
 
     async fn stats(&self) -> Result<JobStats, StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.readers).await?;
-        call.run(async {
-            let row = sqlx::query(sql::STATS).fetch_one(&mut *conn).await?;
-            Ok(sql::stats_from_row(&row)?)
-        })
-        .await
+        self.readers.read(self.background, rows::stats).await
     }
 
     async fn close(&self) {
+        self.checkpointer.close().await;
         self.readers.close().await;
+        // The last connection to close checkpoints what is left and removes the WAL.
         self.writer.close().await;
     }
 }
