@@ -90,7 +90,8 @@ async fn serve_probed(
         .as_ref()
         .map(|tls| tls.server("tls"))
         .transpose()?;
-    downstreams.warm_up();
+    // Connected before the first order is served (bounded: a down downstream only logs).
+    downstreams.warm_up(std::time::Duration::from_secs(2)).await;
     let orchestrator = Arc::new(Orchestrator::new(
         Arc::clone(&config),
         downstreams.clone(),

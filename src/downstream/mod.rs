@@ -101,18 +101,30 @@ impl Downstreams {
         })
     }
 
-    /// Starts connecting every channel in the background, so the first orders do not pay for
-    /// TCP and HTTP/2 handshakes out of their budgets. A failure is only logged: every call
+    /// Connects every channel (TCP, TLS and HTTP/2 handshakes) before the first order needs it,
+    /// so no order pays for them out of its budget: one `grpc.health.v1.Health/Check` per
+    /// service (any answer, even UNIMPLEMENTED, means the connection is up), waiting at most
+    /// `within` in all. A downstream that cannot be reached is only logged: every call
     /// reconnects on its own.
-    pub fn warm_up(&self) {
-        for channel in &self.channels {
-            let mut channel = channel.clone();
-            tokio::spawn(async move {
-                if let Err(error) = tower::ServiceExt::ready(&mut channel).await {
-                    tracing::debug!(%error, "downstream not reachable yet");
+    pub async fn warm_up(&self, within: std::time::Duration) {
+        let checks = self.channels.iter().map(|channel| {
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+            async move {
+                let request = tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                };
+                match tokio::time::timeout(within, health.check(request)).await {
+                    Err(_) => {
+                        tracing::warn!(?within, "a downstream did not answer its warm-up in time")
+                    }
+                    Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
+                        tracing::warn!(%status, "a downstream is not reachable yet")
+                    }
+                    Ok(_) => {}
                 }
-            });
-        }
+            }
+        });
+        futures::future::join_all(checks).await;
     }
 
     /// `cart.v1.CartService/FreezeCart`.
