@@ -5,6 +5,8 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
+pub use crate::admission::AdmissionPolicy;
+pub use crate::downstream::{BreakerPolicy, HedgePolicy};
 pub use crate::tls::{DownstreamTlsConfig, TlsConfig};
 
 /// Why a configuration was refused.
@@ -63,6 +65,12 @@ pub struct Config {
     pub downstream_tls: Option<DownstreamTlsConfig>,
     /// Who a caller is.
     pub auth: AuthPolicy,
+    /// The adaptive concurrency limit of PlaceOrder (load shedding).
+    pub admission: AdmissionPolicy,
+    /// The circuit breaker of each downstream service.
+    pub breaker: BreakerPolicy,
+    /// Backup calls for the duplicate-safe steps.
+    pub hedge: HedgePolicy,
     /// How long in-flight orders get to finish after SIGINT/SIGTERM.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -85,6 +93,9 @@ impl Default for Config {
             tls: None,
             downstream_tls: None,
             auth: AuthPolicy::default(),
+            admission: AdmissionPolicy::default(),
+            breaker: BreakerPolicy::default(),
+            hedge: HedgePolicy::default(),
             shutdown_grace: Duration::from_secs(5),
         }
     }
@@ -179,6 +190,19 @@ pub struct StepPolicy {
     /// What this step needs at least; earlier steps leave this much for it.
     #[serde(with = "humantime_serde", default = "default_min_budget")]
     pub min_budget: Duration,
+    /// Bulkhead: calls of this step in flight at once (request path and worker together); one
+    /// more is refused at once, not sent, and counts as the service being unavailable.
+    #[serde(default = "default_max_concurrency")]
+    pub max_concurrency: usize,
+    /// Send one backup call when the first is slower than `hedge.percentile` of recent calls.
+    /// Only duplicate-safe steps may hedge (cart, fraud, wallet_lookup, where it is the
+    /// default); unset means the step's default.
+    #[serde(default)]
+    pub hedge: Option<bool>,
+}
+
+fn default_max_concurrency() -> usize {
+    128
 }
 
 fn default_connect() -> Duration {
@@ -195,6 +219,8 @@ impl StepPolicy {
             cap: Duration::from_millis(cap_ms),
             connect: Duration::from_millis(connect_ms),
             min_budget: default_min_budget(),
+            max_concurrency: default_max_concurrency(),
+            hedge: None,
         }
     }
 }
@@ -567,6 +593,26 @@ impl Config {
             return bad("worker.backoff_base must be at most worker.backoff_cap".into());
         }
         self.check_bounds()?;
+        for check in [
+            self.admission.validate(),
+            self.breaker.validate(),
+            self.hedge.validate(),
+        ] {
+            check.map_err(ConfigError::Invalid)?;
+        }
+        for (name, step) in self.steps.named() {
+            crate::downstream::validate_max_concurrency(
+                &format!("steps.{name}.max_concurrency"),
+                step.max_concurrency,
+            )
+            .map_err(ConfigError::Invalid)?;
+            if step.hedge == Some(true) && !HEDGEABLE.contains(&name) {
+                return bad(format!(
+                    "steps.{name}.hedge = true: {name} is not safe to send twice; only {} may hedge",
+                    HEDGEABLE.join(", ")
+                ));
+            }
+        }
         for (key, addr) in self.downstream.named() {
             downstream_uri(key, addr, self.downstream_tls.is_some())?;
         }
@@ -832,7 +878,19 @@ pub fn downstream_uri(key: &str, addr: &str, tls: bool) -> Result<http::Uri, Con
     Ok(uri)
 }
 
+/// The steps whose calls are safe to send twice (the same reference makes the same answer)
+/// and so may hedge, hedging by default.
+pub const HEDGEABLE: [&str; 3] = ["cart", "fraud", "wallet_lookup"];
+
 impl Steps {
+    /// Whether the step named `name` hedges: its `hedge` key, else true for the hedgeable steps.
+    pub fn hedges(&self, name: &str) -> bool {
+        let policy = self.named().into_iter().find(|(n, _)| *n == name);
+        policy
+            .and_then(|(_, p)| p.hedge)
+            .unwrap_or(HEDGEABLE.contains(&name))
+    }
+
     /// Every step with its config name.
     pub fn named(&self) -> [(&'static str, &StepPolicy); 5] {
         [

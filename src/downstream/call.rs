@@ -1,18 +1,23 @@
-//! The one path every downstream call takes: stamp the budget on the request, race the call
-//! against its budget and its cancellation token, and drop it (resetting the HTTP/2 stream, so
-//! the server sees the cancel) when either ends first. A call the downstream could not answer
-//! is logged (rate-limited) with its classification and the transport's own words, so an
-//! operator can see why orders decline.
+//! The one path every downstream call takes: pass the service's circuit breaker and the
+//! step's bulkhead (either refusing means the call is not sent: certainly not applied), stamp
+//! the budget on the request, race the call against its budget and its cancellation token, and
+//! drop it (resetting the HTTP/2 stream, so the server sees the cancel) when either ends first;
+//! then tell the breaker how the service did. A call the downstream could not answer is logged
+//! (rate-limited) with its classification and the transport's own words, so an operator can
+//! see why orders decline.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
 
 use super::CallClass;
+use super::breaker::{Breaker, BreakerPolicy, Outcome};
+use super::bulkhead::Bulkhead;
 use crate::budget::ChildBudget;
+use crate::config::Steps;
 use crate::deadline::{GRPC_TIMEOUT, X_REQUEST_DEADLINE, grpc_timeout};
 
 /// One downstream RPC: the service logs and metrics name, and the full gRPC method.
@@ -22,41 +27,96 @@ pub struct Rpc {
     pub service: &'static str,
     /// The fully qualified method, e.g. `wallet.v1.WalletService/Hold`.
     pub method: &'static str,
-    /// Index of its failure log in [`FAILURE_LOGS`].
+    /// Index of its service: its failure log in [`FAILURE_LOGS`] and its breaker.
     log: usize,
+    /// Index of its step's bulkhead (cart, fraud, inventory, wallet_hold, wallet_lookup).
+    step: usize,
 }
 
 impl Rpc {
     /// `cart.v1.CartService/FreezeCart`.
-    pub const CART_FREEZE: Self = Self::new("cart", "cart.v1.CartService/FreezeCart", 0);
+    pub const CART_FREEZE: Self = Self::new("cart", "cart.v1.CartService/FreezeCart", 0, 0);
     /// `fraud.v1.FraudService/Score`.
-    pub const FRAUD_SCORE: Self = Self::new("fraud", "fraud.v1.FraudService/Score", 1);
+    pub const FRAUD_SCORE: Self = Self::new("fraud", "fraud.v1.FraudService/Score", 1, 1);
     /// `inventory.v1.InventoryService/Reserve`.
     pub const INVENTORY_RESERVE: Self =
-        Self::new("inventory", "inventory.v1.InventoryService/Reserve", 2);
+        Self::new("inventory", "inventory.v1.InventoryService/Reserve", 2, 2);
     /// `inventory.v1.InventoryService/Commit`.
     pub const INVENTORY_COMMIT: Self =
-        Self::new("inventory", "inventory.v1.InventoryService/Commit", 2);
+        Self::new("inventory", "inventory.v1.InventoryService/Commit", 2, 2);
     /// `inventory.v1.InventoryService/Release`.
     pub const INVENTORY_RELEASE: Self =
-        Self::new("inventory", "inventory.v1.InventoryService/Release", 2);
+        Self::new("inventory", "inventory.v1.InventoryService/Release", 2, 2);
     /// `wallet.v1.WalletService/Hold`.
-    pub const WALLET_HOLD: Self = Self::new("wallet", "wallet.v1.WalletService/Hold", 3);
+    pub const WALLET_HOLD: Self = Self::new("wallet", "wallet.v1.WalletService/Hold", 3, 3);
     /// `wallet.v1.WalletService/Capture`.
-    pub const WALLET_CAPTURE: Self = Self::new("wallet", "wallet.v1.WalletService/Capture", 3);
+    pub const WALLET_CAPTURE: Self = Self::new("wallet", "wallet.v1.WalletService/Capture", 3, 3);
     /// `wallet.v1.WalletService/Release`.
-    pub const WALLET_RELEASE: Self = Self::new("wallet", "wallet.v1.WalletService/Release", 3);
+    pub const WALLET_RELEASE: Self = Self::new("wallet", "wallet.v1.WalletService/Release", 3, 3);
     /// `wallet.v1.WalletService/LookupByReference`.
     pub const WALLET_LOOKUP: Self =
-        Self::new("wallet", "wallet.v1.WalletService/LookupByReference", 3);
+        Self::new("wallet", "wallet.v1.WalletService/LookupByReference", 3, 4);
 
-    const fn new(service: &'static str, method: &'static str, log: usize) -> Self {
+    const fn new(service: &'static str, method: &'static str, log: usize, step: usize) -> Self {
         Self {
             service,
             method,
             log,
+            step,
         }
     }
+}
+
+/// The isolation of the downstreams: a bulkhead per step and a circuit breaker per service,
+/// shared by the request path and the worker.
+#[derive(Debug, Clone)]
+pub struct Guards {
+    /// cart, fraud, inventory, wallet_hold, wallet_lookup.
+    bulkheads: [Bulkhead; 5],
+    /// cart, fraud, inventory, wallet.
+    breakers: [Breaker; 4],
+}
+
+impl Guards {
+    /// Bulkheads sized by `steps.<step>.max_concurrency`, breakers by `[breaker]`.
+    pub fn new(steps: &Steps, breaker: &BreakerPolicy) -> Self {
+        let now = Instant::now();
+        let service = |name| Breaker::new(name, breaker, now);
+        Self {
+            bulkheads: [
+                Bulkhead::new("cart", steps.cart.max_concurrency),
+                Bulkhead::new("fraud", steps.fraud.max_concurrency),
+                Bulkhead::new("inventory", steps.inventory.max_concurrency),
+                Bulkhead::new("wallet_hold", steps.wallet_hold.max_concurrency),
+                Bulkhead::new("wallet_lookup", steps.wallet_lookup.max_concurrency),
+            ],
+            breakers: [
+                service("cart"),
+                service("fraud"),
+                service("inventory"),
+                service("wallet"),
+            ],
+        }
+    }
+
+    /// The breakers, for metrics and operators.
+    pub fn breakers(&self) -> &[Breaker; 4] {
+        &self.breakers
+    }
+
+    /// The bulkheads, for metrics and operators.
+    pub fn bulkheads(&self) -> &[Bulkhead; 5] {
+        &self.bulkheads
+    }
+}
+
+/// Why a call was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The service's breaker is open (or half open with its probes out).
+    BreakerOpen,
+    /// The step's bulkhead is full.
+    BulkheadFull,
 }
 
 /// At most one failure line per service per this interval; the lines in between are counted
@@ -111,6 +171,8 @@ pub enum CallError {
     TimedOut(Duration),
     /// The call ended with a gRPC status (from the server, or from the transport).
     Status(tonic::Status),
+    /// Not sent: the breaker or the bulkhead refused it (certainly not applied).
+    Refused(Refusal),
 }
 
 impl std::fmt::Display for CallError {
@@ -119,6 +181,8 @@ impl std::fmt::Display for CallError {
             Self::Cancelled => f.write_str("cancelled"),
             Self::TimedOut(after) => write!(f, "timed out after {after:?}"),
             Self::Status(s) => write!(f, "{:?}: {}", s.code(), s.message()),
+            Self::Refused(Refusal::BreakerOpen) => f.write_str("not sent: circuit breaker open"),
+            Self::Refused(Refusal::BulkheadFull) => f.write_str("not sent: bulkhead full"),
         }
     }
 }
@@ -147,9 +211,10 @@ impl CallError {
 }
 
 /// Sends `message` through `call` (the method `rpc`) under `budget`, unless `cancel` fires
-/// first.
+/// first or `guards` refuse it.
 pub(super) async fn send<Req, Resp, F, Fut>(
     rpc: Rpc,
+    guards: &Guards,
     budget: &ChildBudget,
     cancel: &CancellationToken,
     message: Req,
@@ -162,6 +227,16 @@ where
     if cancel.is_cancelled() {
         return Err(CallError::Cancelled);
     }
+    let started = Instant::now();
+    let breaker = match guards.breakers[rpc.log].try_call(started) {
+        Ok(permit) => permit,
+        Err(_) => return Err(refused(rpc, Refusal::BreakerOpen)),
+    };
+    let Ok(_slot) = guards.bulkheads[rpc.step].try_enter() else {
+        // Not sent: says nothing of the service's health, so the breaker is not told.
+        drop(breaker);
+        return Err(refused(rpc, Refusal::BulkheadFull));
+    };
     let mut request = tonic::Request::new(message);
     let timeout = MetadataValue::try_from(grpc_timeout::format(budget.timeout())).map_err(|e| {
         CallError::Status(tonic::Status::internal(format!(
@@ -185,10 +260,28 @@ where
             Ok(Err(status)) => Err(CallError::Status(status)),
         },
     };
-    if let Err(error) = &result
-        && matches!(error.class(), CallClass::Unavailable | CallClass::Ambiguous)
-    {
-        log_failure(rpc, error);
+    let health = match &result {
+        Ok(_) => Some(Outcome::Success),
+        Err(error) => match error.class() {
+            // A definitive refusal is a healthy service answering.
+            CallClass::Rejected => Some(Outcome::Success),
+            CallClass::Unavailable | CallClass::Ambiguous => {
+                log_failure(rpc, error);
+                Some(Outcome::Failure)
+            }
+            // We cancelled it: nothing learned about the service.
+            CallClass::Cancelled => None,
+        },
+    };
+    if let Some(outcome) = health {
+        breaker.record(outcome, started.elapsed());
     }
     result
+}
+
+/// A call refused before it was sent, logged like any call the service could not take.
+fn refused(rpc: Rpc, why: Refusal) -> CallError {
+    let error = CallError::Refused(why);
+    log_failure(rpc, &error);
+    error
 }

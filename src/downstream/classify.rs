@@ -37,6 +37,7 @@ impl CallError {
     pub fn class(&self) -> CallClass {
         match self {
             Self::Cancelled => CallClass::Cancelled,
+            Self::Refused(_) => CallClass::Unavailable,
             Self::TimedOut(_) => CallClass::Ambiguous,
             Self::Status(status) => match status.code() {
                 Code::Unavailable if failed_after_send(status) => CallClass::Ambiguous,

@@ -15,8 +15,11 @@ pub mod hedge;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-pub use call::{CallError, Rpc};
+pub use breaker::{Breaker, BreakerPolicy, BreakerState};
+pub use bulkhead::{Bulkhead, validate_max_concurrency};
+pub use call::{CallError, Guards, Refusal, Rpc};
 pub use classify::{CallClass, HoldOutcome, HoldTerms, classify_hold, error_reason};
+pub use hedge::{HedgePolicy, Hedger};
 
 use crate::budget::ChildBudget;
 use crate::config::{DownstreamAddrs, DownstreamTlsConfig, Steps, downstream_uri};
@@ -47,6 +50,8 @@ pub enum AddressError {
 pub struct Downstreams {
     /// The four channels, for [`Downstreams::warm_up`].
     channels: [Channel; 4],
+    /// Bulkheads and breakers, shared by every clone.
+    guards: Guards,
     cart: CartServiceClient<Channel>,
     fraud: FraudServiceClient<Channel>,
     inventory: InventoryServiceClient<Channel>,
@@ -61,6 +66,7 @@ impl Downstreams {
         addrs: &DownstreamAddrs,
         steps: &Steps,
         tls: Option<&DownstreamTlsConfig>,
+        breaker: &BreakerPolicy,
     ) -> Result<Self, AddressError> {
         let client_tls = tls.map(DownstreamTlsConfig::client).transpose()?;
         let channel = |key: &'static str, addr: &str, connect| -> Result<Channel, AddressError> {
@@ -88,6 +94,7 @@ impl Downstreams {
             steps.wallet_hold.connect,
         )?;
         Ok(Self {
+            guards: Guards::new(steps, breaker),
             channels: [
                 cart.clone(),
                 fraud.clone(),
@@ -127,6 +134,11 @@ impl Downstreams {
         futures::future::join_all(checks).await;
     }
 
+    /// The bulkheads and breakers, for metrics.
+    pub fn guards(&self) -> &Guards {
+        &self.guards
+    }
+
     /// `cart.v1.CartService/FreezeCart`.
     pub async fn freeze_cart(
         &self,
@@ -135,9 +147,14 @@ impl Downstreams {
         request: cart::FreezeCartRequest,
     ) -> Result<cart::FreezeCartResponse, CallError> {
         let mut client = self.cart.clone();
-        call::send(Rpc::CART_FREEZE, budget, cancel, request, |r| async move {
-            client.freeze_cart(r).await
-        })
+        call::send(
+            Rpc::CART_FREEZE,
+            &self.guards,
+            budget,
+            cancel,
+            request,
+            |r| async move { client.freeze_cart(r).await },
+        )
         .await
     }
 
@@ -149,9 +166,14 @@ impl Downstreams {
         request: fraud::ScoreRequest,
     ) -> Result<fraud::ScoreResponse, CallError> {
         let mut client = self.fraud.clone();
-        call::send(Rpc::FRAUD_SCORE, budget, cancel, request, |r| async move {
-            client.score(r).await
-        })
+        call::send(
+            Rpc::FRAUD_SCORE,
+            &self.guards,
+            budget,
+            cancel,
+            request,
+            |r| async move { client.score(r).await },
+        )
         .await
     }
 
@@ -165,6 +187,7 @@ impl Downstreams {
         let mut client = self.inventory.clone();
         call::send(
             Rpc::INVENTORY_RESERVE,
+            &self.guards,
             budget,
             cancel,
             request,
@@ -186,6 +209,7 @@ impl Downstreams {
         };
         call::send(
             Rpc::INVENTORY_COMMIT,
+            &self.guards,
             budget,
             cancel,
             request,
@@ -207,6 +231,7 @@ impl Downstreams {
         };
         call::send(
             Rpc::INVENTORY_RELEASE,
+            &self.guards,
             budget,
             cancel,
             request,
@@ -223,9 +248,14 @@ impl Downstreams {
         request: wallet::HoldRequest,
     ) -> Result<wallet::HoldResponse, CallError> {
         let mut client = self.wallet.clone();
-        call::send(Rpc::WALLET_HOLD, budget, cancel, request, |r| async move {
-            client.hold(r).await
-        })
+        call::send(
+            Rpc::WALLET_HOLD,
+            &self.guards,
+            budget,
+            cancel,
+            request,
+            |r| async move { client.hold(r).await },
+        )
         .await
     }
 
@@ -242,6 +272,7 @@ impl Downstreams {
         };
         call::send(
             Rpc::WALLET_CAPTURE,
+            &self.guards,
             budget,
             cancel,
             request,
@@ -263,6 +294,7 @@ impl Downstreams {
         };
         call::send(
             Rpc::WALLET_RELEASE,
+            &self.guards,
             budget,
             cancel,
             request,
@@ -284,6 +316,7 @@ impl Downstreams {
         };
         call::send(
             Rpc::WALLET_LOOKUP,
+            &self.guards,
             budget,
             cancel,
             request,
