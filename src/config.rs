@@ -39,6 +39,8 @@ pub enum ConfigError {
 pub struct Config {
     /// Where the orchestrator listens.
     pub listen: SocketAddr,
+    /// The admin HTTP port (`/metrics`, `/healthz`, `/readyz`): an address, or `off`.
+    pub admin_listen: AdminListen,
     /// Where each downstream service is.
     pub downstream: DownstreamAddrs,
     /// How the caller's deadline is read and spent.
@@ -80,6 +82,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            admin_listen: AdminListen::ORCHESTRATOR_DEFAULT,
             downstream: DownstreamAddrs::default(),
             deadline: DeadlinePolicy::default(),
             steps: Steps::default(),
@@ -97,6 +100,52 @@ impl Default for Config {
             breaker: BreakerPolicy::default(),
             hedge: HedgePolicy::default(),
             shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Where an admin HTTP port listens: `host:port`, or `off` for none (`--admin-listen`,
+/// config key `admin_listen`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminListen(pub Option<SocketAddr>);
+
+impl AdminListen {
+    /// The orchestrator's default, `127.0.0.1:9464` (the port OpenTelemetry's Prometheus
+    /// exporters use).
+    pub const ORCHESTRATOR_DEFAULT: Self = Self(Some(SocketAddr::new(
+        std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        9464,
+    )));
+    /// No admin port.
+    pub const OFF: Self = Self(None);
+}
+
+impl std::str::FromStr for AdminListen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "off" | "none" | "" => Ok(Self::OFF),
+            addr => addr
+                .parse()
+                .map(|addr| Self(Some(addr)))
+                .map_err(|e| format!("admin_listen {addr:?}: {e} (expected host:port or off)")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AdminListen {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for AdminListen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(addr) => write!(f, "{addr}"),
+            None => f.write_str("off"),
         }
     }
 }

@@ -24,9 +24,11 @@
 //! - [`stubs`]: configurable cart, fraud, inventory and wallet stubs plus their control plane.
 //! - [`config`]: every policy number, with the spec's defaults.
 //! - [`introspection`]: reflection and health, shared by both servers.
-//! - [`telemetry`]: logs, OpenTelemetry spans and trace-context propagation.
+//! - [`admin`]: the admin HTTP port (`/metrics`, `/healthz`, `/readyz`).
+//! - [`telemetry`]: logs, OpenTelemetry spans, trace-context propagation and metrics.
 //! - [`cli`]: the `checkout` subcommands; [`proto`]: generated code.
 
+pub mod admin;
 pub mod admission;
 pub mod budget;
 pub mod checkout;

@@ -255,7 +255,9 @@ mod cases {
                 pending: 1,
                 parked: 0,
                 done: 0,
-                orders_pending: 1
+                orders_pending: 1,
+                // The takeover job, due at 4,400 (a lease does not move it).
+                oldest_pending_run_at_ms: Some(4_400),
             }
         );
     }
@@ -846,7 +848,8 @@ mod cases {
                 pending: 80,
                 parked: 0,
                 done: 41,
-                orders_pending: 1
+                orders_pending: 1,
+                oldest_pending_run_at_ms: stats.oldest_pending_run_at_ms,
             }
         );
     }

@@ -53,6 +53,21 @@ pub enum CheckoutError {
     Internal(String),
 }
 
+impl CheckoutError {
+    /// The label of `checkout_admission_rejected_total` for this refusal (a closed set).
+    pub fn metric_reason(&self) -> &'static str {
+        match self {
+            Self::BadRequest(_) => "invalid",
+            Self::KeyReused { .. } => "idempotency_key_reused",
+            Self::DeadlineTooShort(_) => "deadline_too_short",
+            Self::StoreUnavailable { .. } => "store_unavailable",
+            Self::ClientIdMismatch => "client_id_mismatch",
+            Self::NotFound => "not_found",
+            Self::Internal(_) => "internal",
+        }
+    }
+}
+
 /// The violations as one sentence: `customer_id is required; cart_id is at most 128 bytes`.
 fn describe(violations: &[FieldViolation]) -> String {
     violations

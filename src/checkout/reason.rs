@@ -42,6 +42,30 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 15] = [
+        Self::InProgress,
+        Self::BudgetExhausted,
+        Self::FraudReview,
+        Self::WalletOutcomeUnknown,
+        Self::Parked,
+        Self::InsufficientFunds,
+        Self::FraudDenied,
+        Self::OutOfStock,
+        Self::CartNotFound,
+        Self::PriceChanged,
+        Self::WalletRejected,
+        Self::CartUnavailable,
+        Self::InventoryUnavailable,
+        Self::WalletUnavailable,
+        Self::CallerAbandoned,
+    ];
+
+    /// The reason whose code is `code`, if any.
+    pub fn parse(code: &str) -> Option<Reason> {
+        Self::ALL.into_iter().find(|r| r.as_str() == code)
+    }
+
     /// The code in `Order.reason`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use opentelemetry::KeyValue;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -18,6 +19,7 @@ use crate::proto::checkout::v1::{
     self as pb, checkout_service_server::CheckoutService, get_order_request::Lookup,
 };
 use crate::store::{OrderRecord, OrderStatus, Phase};
+use crate::telemetry::{self, metrics};
 
 /// The gRPC face of the orchestrator.
 #[derive(Clone)]
@@ -43,28 +45,55 @@ impl CheckoutService for CheckoutApi {
         let deadline = ingest(request.metadata(), &config.deadline)
             .map_err(|e| violations.push(FieldViolation::new(e.header, e.to_string())))
             .ok();
-        let scope = caller_scope(&request, &config.auth, &mut violations)?;
-        let (metadata, _, message) = request.into_parts();
+        let scope = caller_scope(&request, &config.auth, &mut violations)
+            .inspect_err(|error| metrics::admission_rejected(error.metric_reason()))?;
+        let message = request.into_inner();
         let order = OrderRequest::parse(scope, message, &mut violations);
         let Some(deadline) = deadline.filter(|_| violations.is_empty()) else {
+            metrics::admission_rejected("invalid");
             return Err(CheckoutError::BadRequest(violations).into());
         };
+        // The server span (made by the telemetry layer from the caller's traceparent) gets the
+        // order's attributes; log lines of this call carry its trace id and order id.
+        telemetry::annotate(|| {
+            vec![
+                KeyValue::new("checkout.order_id", order.order_id.clone()),
+                KeyValue::new("checkout.deadline_ms", deadline.granted().as_millis() as i64),
+                KeyValue::new("checkout.deadline_source", deadline.source().as_str()),
+            ]
+        });
         let span = tracing::info_span!(
             "PlaceOrder",
             order_id = %order.order_id,
+            trace_id = %telemetry::current_trace_id(),
             deadline_ms = deadline.granted().as_millis() as u64,
             deadline_source = deadline.source().as_str(),
         );
-        crate::telemetry::continue_trace(&span, &metadata);
         let placed = self
             .orchestrator
             .place(order, deadline)
             .instrument(span)
-            .await?;
+            .await
+            .inspect_err(|error| metrics::admission_rejected(error.metric_reason()))?;
         let mut answer = order_to_proto(&placed.record, &config.retry_after);
         answer.budget = Some(placed.waterfall.report(&deadline));
+        let remaining = deadline.remaining();
+        metrics::order_answered(
+            status_name(answer.status()),
+            // Empty when CONFIRMED (reported as `none`); anything else is one of ours.
+            Reason::parse(&answer.reason).map_or("", Reason::as_str),
+        );
+        metrics::remaining_at_return(remaining);
+        telemetry::annotate(|| {
+            vec![
+                KeyValue::new("checkout.budget.remaining_ms", remaining.as_millis() as i64),
+                KeyValue::new("checkout.order.status", status_name(answer.status())),
+                KeyValue::new("checkout.order.reason", answer.reason.clone()),
+            ]
+        });
         tracing::info!(
             order_id = %answer.order_id,
+            trace_id = %telemetry::current_trace_id(),
             status = ?answer.status(),
             reason = %answer.reason,
             elapsed_ms = deadline.elapsed().as_millis() as u64,
@@ -161,6 +190,16 @@ pub fn order_to_proto(record: &OrderRecord, policy: &RetryAfterPolicy) -> pb::Or
             .iter()
             .map(|k| k.as_str().to_owned())
             .collect(),
+    }
+}
+
+/// The status as the API spells it (`CONFIRMED`).
+fn status_name(status: pb::OrderStatus) -> &'static str {
+    match status {
+        pb::OrderStatus::Unspecified => "UNSPECIFIED",
+        pb::OrderStatus::Confirmed => "CONFIRMED",
+        pb::OrderStatus::Declined => "DECLINED",
+        pb::OrderStatus::Pending => "PENDING",
     }
 }
 

@@ -17,6 +17,15 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "checkout", version, about)]
 pub struct Cli {
+    /// Log lines as human-readable text or one JSON object a line (servers only).
+    #[arg(
+        long,
+        global = true,
+        env = "CHECKOUT_LOG_FORMAT",
+        value_enum,
+        default_value_t = crate::telemetry::LogFormat::Text
+    )]
+    log_format: crate::telemetry::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -41,8 +50,10 @@ enum Command {
 /// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let telemetry = match &cli.command {
-        Command::Demo(_) | Command::Serve(_) => Some(crate::telemetry::init("checkout")),
-        Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs")),
+        Command::Demo(_) | Command::Serve(_) => {
+            Some(crate::telemetry::init("checkout", cli.log_format))
+        }
+        Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs", cli.log_format)),
         // The bare baseline has no telemetry on purpose: it is what serve is compared with.
         Command::Place(_) | Command::Loadgen(_) | Command::Bare(_) => None,
     };
@@ -55,7 +66,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bare(args) => bare::run(args).await,
     };
     if let Some(telemetry) = telemetry {
-        telemetry.shutdown();
+        telemetry.shutdown().await;
     }
     result
 }

@@ -540,6 +540,12 @@ impl OrderStore for MemoryStore {
                 .values()
                 .filter(|o| o.status == OrderStatus::Pending)
                 .count() as u64,
+            oldest_pending_run_at_ms: state
+                .jobs
+                .values()
+                .filter(|j| j.state == JobState::Pending)
+                .map(|j| j.run_at_ms)
+                .min(),
         })
     }
 }

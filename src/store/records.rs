@@ -370,4 +370,6 @@ pub struct JobStats {
     pub done: u64,
     /// Orders still PENDING.
     pub orders_pending: u64,
+    /// When the earliest-due pending job was due (epoch ms); `None` without pending jobs.
+    pub oldest_pending_run_at_ms: Option<i64>,
 }

@@ -197,7 +197,8 @@ pub(super) const STATS: &str = "SELECT \
      (SELECT COUNT(*) FROM jobs WHERE state = 'pending') AS pending, \
      (SELECT COUNT(*) FROM jobs WHERE state = 'parked') AS parked, \
      (SELECT COUNT(*) FROM jobs WHERE state = 'done') AS done, \
-     (SELECT COUNT(*) FROM orders WHERE status = 'PENDING') AS orders_pending";
+     (SELECT COUNT(*) FROM orders WHERE status = 'PENDING') AS orders_pending, \
+     (SELECT MIN(run_at_ms) FROM jobs WHERE state = 'pending') AS oldest_pending_run_at_ms";
 
 /// A parked job from a [`LIST_PARKED`] row.
 pub(super) fn parked_from_row<R: Columns + ?Sized>(
@@ -361,6 +362,7 @@ pub(super) fn stats_from_row<R: Columns + ?Sized>(row: &R) -> Result<JobStats, S
         parked: count("parked")?,
         done: count("done")?,
         orders_pending: count("orders_pending")?,
+        oldest_pending_run_at_ms: row.opt_int("oldest_pending_run_at_ms")?,
     })
 }
 

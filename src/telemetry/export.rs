@@ -1,0 +1,169 @@
+//! Span export that never holds up an order: finished spans go into a bounded queue
+//! (`OTEL_BSP_MAX_QUEUE_SIZE`) with a non-blocking send, and one task ships them in batches
+//! (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, at least every `OTEL_BSP_SCHEDULE_DELAY`, each export
+//! bounded by `OTEL_BSP_EXPORT_TIMEOUT`). A full queue drops the span and counts it in
+//! `checkout_telemetry_spans_dropped_total` (as are the spans of a failed export): a collector that is down or slow costs spans,
+//! never latency. (The SDK's own batch processor drops too, but does not expose the count.)
+
+use std::time::Duration;
+
+use opentelemetry::Context;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SpanData, SpanExporter, SpanProcessor};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics;
+
+/// The queue and batch settings, from the standard `OTEL_BSP_*` variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batching {
+    /// Finished spans waiting for export, at most (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048).
+    pub queue: usize,
+    /// Spans per export, at most (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, 512).
+    pub batch: usize,
+    /// The longest a span waits for its batch to fill (`OTEL_BSP_SCHEDULE_DELAY`, 5000 ms).
+    pub delay: Duration,
+    /// The longest one export may take (`OTEL_BSP_EXPORT_TIMEOUT`, 30000 ms).
+    pub timeout: Duration,
+}
+
+impl Default for Batching {
+    fn default() -> Self {
+        Self {
+            queue: 2048,
+            batch: 512,
+            delay: Duration::from_millis(5000),
+            timeout: Duration::from_millis(30_000),
+        }
+    }
+}
+
+impl Batching {
+    /// The defaults, overridden by any `OTEL_BSP_*` variable that is set and parses.
+    pub fn from_env() -> Self {
+        let var = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        let d = Self::default();
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX).max(1);
+        Self {
+            queue: var("OTEL_BSP_MAX_QUEUE_SIZE").map_or(d.queue, count),
+            batch: var("OTEL_BSP_MAX_EXPORT_BATCH_SIZE").map_or(d.batch, count),
+            delay: var("OTEL_BSP_SCHEDULE_DELAY").map_or(d.delay, Duration::from_millis),
+            timeout: var("OTEL_BSP_EXPORT_TIMEOUT").map_or(d.timeout, Duration::from_millis),
+        }
+    }
+}
+
+/// The span processor: a non-blocking hand-off to [`Shipper`]'s bounded queue.
+#[derive(Debug)]
+pub struct QueueProcessor {
+    queue: mpsc::Sender<SpanData>,
+}
+
+impl SpanProcessor for QueueProcessor {
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if self.queue.try_send(span).is_err() {
+            metrics::spans_dropped(1);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// The task that ships queued spans; [`Shipper::stop`] sends what is left and ends it.
+#[derive(Debug)]
+pub struct Shipper {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Shipper {
+    /// Starts shipping to `exporter`; spans enter through the returned processor.
+    pub fn start<E: SpanExporter + 'static>(
+        exporter: E,
+        batching: Batching,
+    ) -> (QueueProcessor, Shipper) {
+        let (tx, rx) = mpsc::channel(batching.queue.max(1));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(ship(exporter, rx, batching, stop.clone()));
+        (QueueProcessor { queue: tx }, Shipper { stop, task })
+    }
+
+    /// Ships the spans still queued (within `within`) and stops.
+    pub async fn stop(self, within: Duration) {
+        self.stop.cancel();
+        if tokio::time::timeout(within, self.task).await.is_err() {
+            eprintln!("telemetry: spans still queued after {within:?}; not exported");
+        }
+    }
+}
+
+async fn ship<E: SpanExporter>(
+    exporter: E,
+    mut queue: mpsc::Receiver<SpanData>,
+    batching: Batching,
+    stop: CancellationToken,
+) {
+    let mut batch = Vec::with_capacity(batching.batch);
+    loop {
+        let first = tokio::select! {
+            span = queue.recv() => span,
+            () = stop.cancelled() => None,
+        };
+        let Some(first) = first else { break };
+        batch.push(first);
+        let due = tokio::time::Instant::now() + batching.delay;
+        while batch.len() < batching.batch {
+            tokio::select! {
+                span = queue.recv() => match span {
+                    Some(span) => batch.push(span),
+                    None => break,
+                },
+                () = tokio::time::sleep_until(due) => break,
+                () = stop.cancelled() => break,
+            }
+        }
+        export(&exporter, &mut batch, batching.timeout).await;
+    }
+    // Stopping: what is already queued still goes out.
+    while let Ok(span) = queue.try_recv() {
+        batch.push(span);
+        if batch.len() >= batching.batch {
+            export(&exporter, &mut batch, batching.timeout).await;
+        }
+    }
+    export(&exporter, &mut batch, batching.timeout).await;
+    let _ = exporter.shutdown();
+}
+
+async fn export<E: SpanExporter>(exporter: &E, batch: &mut Vec<SpanData>, timeout: Duration) {
+    if batch.is_empty() {
+        return;
+    }
+    let spans = std::mem::take(batch);
+    let count = spans.len();
+    match tokio::time::timeout(timeout, exporter.export(spans)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            metrics::spans_dropped(count as u64);
+            tracing::debug!(%error, spans = count, "span export failed; spans lost");
+        }
+        Err(_) => {
+            metrics::spans_dropped(count as u64);
+            tracing::debug!(?timeout, spans = count, "span export timed out; spans lost");
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Logs, traces and metrics.
+//!
+//! - Logs: `tracing` events on stderr (filtered by `RUST_LOG`), text or JSON ([`LogFormat`]);
+//!   a line inside a request or job carries `trace_id` and `order_id`.
+//! - Traces: W3C trace context (`traceparent`, `tracestate`) is read from every inbound call
+//!   before its server span exists and written on every downstream call, so one order is one
+//!   trace across the orchestrator and the four services. Spans are exported over OTLP/gRPC
+//!   when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the
+//!   standard `OTEL_*` variables apply (`OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`,
+//!   `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_*`, `OTEL_EXPORTER_OTLP_TIMEOUT`).
+//! - Metrics: every instrument in [`metrics`], rendered by the admin port.
+//!
+//! # Layout
+//! - `logs`: the log line formats.
+//! - `propagation`: trace context in and out of metadata.
+//! - `server`: the layer that makes every inbound RPC a server span and a timed call.
+//! - `spans`: step, attempt, store-write and job spans.
+//! - `export`: the bounded, non-blocking span queue in front of the OTLP exporter.
+//! - [`metrics`]: names, labels and buckets of every metric.
+
+mod export;
+mod logs;
+pub mod metrics;
+mod propagation;
+mod server;
+mod spans;
+
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::SpanExporter as _;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+pub use export::Batching;
+pub use logs::LogFormat;
+pub use propagation::{extract, inject};
+pub use server::{ServerTrace, ServerTraceLayer};
+pub use spans::{
+    Attempt, AttemptKind, StepSpan, annotate, attempt_refused, current_trace_id,
+    current_traceparent, job_context, job_ended, operation_context, store_write,
+};
+
+/// Where and how spans are exported.
+#[derive(Debug, Clone)]
+pub struct Export {
+    /// The collector's OTLP/gRPC endpoint; `None` reads the standard `OTEL_EXPORTER_OTLP_*`
+    /// variables.
+    pub endpoint: Option<String>,
+    /// Queue and batch sizes.
+    pub batching: Batching,
+}
+
+impl Export {
+    /// Export as the environment says: on when `OTEL_EXPORTER_OTLP_ENDPOINT` or
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set.
+    pub fn from_env() -> Option<Self> {
+        let set = |name| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+        (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")).then(
+            || Self {
+                endpoint: None,
+                batching: Batching::from_env(),
+            },
+        )
+    }
+}
+
+/// Keeps the tracer provider alive; [`Telemetry::shutdown`] ships the spans still queued.
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+    shipper: Option<export::Shipper>,
+}
+
+impl Telemetry {
+    /// Ships what is queued (within 5 s) and stops the exporter.
+    pub async fn shutdown(self) {
+        if let Some(shipper) = self.shipper {
+            shipper.stop(Duration::from_secs(5)).await;
+        }
+        if let Some(provider) = self.provider {
+            let _ = provider.shutdown();
+        }
+    }
+}
+
+/// Installs logging in `format` and, when the environment asks for it, span export. Call once,
+/// inside the Tokio runtime. `service` is the default `service.name` (`OTEL_SERVICE_NAME` wins).
+pub fn init(service: &'static str, format: LogFormat) -> Telemetry {
+    init_with(service, format, Export::from_env())
+}
+
+/// [`init`] with an explicit export (tests point it at their own collector).
+pub fn init_with(service: &'static str, format: LogFormat, export: Option<Export>) -> Telemetry {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,sqlx=warn,h2=warn,tower=warn")
+    });
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(logs::layer(format))
+        .try_init();
+    let Some(export) = export else {
+        return Telemetry {
+            provider: None,
+            shipper: None,
+        };
+    };
+    let mut builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+    if let Some(endpoint) = &export.endpoint {
+        use opentelemetry_otlp::WithExportConfig as _;
+        builder = builder.with_endpoint(endpoint.clone());
+    }
+    let mut exporter = match builder.build() {
+        Ok(exporter) => exporter,
+        Err(error) => {
+            tracing::error!(%error, "OTLP exporter not started; spans are not exported");
+            return Telemetry {
+                provider: None,
+                shipper: None,
+            };
+        }
+    };
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name(service);
+    }
+    let resource = resource.build();
+    exporter.set_resource(&resource);
+    let (processor, shipper) = export::Shipper::start(exporter, export.batching);
+    // The sampler is the SDK's: OTEL_TRACES_SAMPLER(_ARG), parentbased_always_on by default.
+    let provider = SdkTracerProvider::builder()
+        .with_resource(resource)
+        .with_span_processor(processor)
+        .build();
+    spans::set_tracer(provider.tracer(service));
+    Telemetry {
+        provider: Some(provider),
+        shipper: Some(shipper),
+    }
+}
+
+/// The status name of a gRPC code, as `rpc.status_code` spells it.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
