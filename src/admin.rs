@@ -66,7 +66,10 @@ async fn render_metrics(State(admin): State<Admin>) -> impl IntoResponse {
             Err(_) => tracing::debug!("job counts not read in time for /metrics"),
         }
     }
-    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::encode())
+    (
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        metrics::encode(),
+    )
 }
 
 async fn ready(State(admin): State<Admin>) -> impl IntoResponse {

@@ -45,22 +45,54 @@ pub enum ServerError {
     /// The server task panicked.
     #[error("server task failed: {0}")]
     Join(String),
+    /// The admin port could not be bound.
+    #[error("binding the admin port {addr}: {source}")]
+    AdminBind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the OS said.
+        source: std::io::Error,
+    },
     /// The store does not accept writes (read-only, full, unreachable): every order would fail.
     #[error("the order store does not accept writes, so no order could be recorded: {0}")]
     StoreNotWritable(crate::store::StoreError),
 }
 
-/// Serves the orchestrator on `listener` until `shutdown` resolves. Then: health turns
-/// NOT_SERVING, no new connections are accepted, in-flight orders finish (each by its own
-/// deadline, all within `shutdown_grace`), and the worker stops after its attempts in flight.
+/// Serves the orchestrator on `listener` (and the admin port on `config.admin_listen`, if set)
+/// until `shutdown` resolves. Then: health turns NOT_SERVING and `/readyz` 503, no new
+/// connections are accepted, in-flight orders finish (each by its own deadline, all within
+/// `shutdown_grace`), and the worker stops after its attempts in flight.
 pub async fn serve(
     listener: TcpListener,
     config: Arc<Config>,
     store: Arc<dyn OrderStore>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    let admin = bind_admin(&config).await?;
+    serve_with_admin(listener, admin, config, store, shutdown).await
+}
+
+/// [`serve`] with the admin port on `admin` (already bound), or none.
+pub async fn serve_with_admin(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    config: Arc<Config>,
+    store: Arc<dyn OrderStore>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     probe(store.as_ref()).await?;
-    serve_probed(listener, config, store, shutdown).await
+    serve_probed(listener, admin, config, store, shutdown).await
+}
+
+/// Binds `config.admin_listen`, if set.
+pub async fn bind_admin(config: &Config) -> Result<Option<TcpListener>, ServerError> {
+    let Some(addr) = config.admin_listen.0 else {
+        return Ok(None);
+    };
+    TcpListener::bind(addr)
+        .await
+        .map(Some)
+        .map_err(|source| ServerError::AdminBind { addr, source })
 }
 
 /// Proves the store takes writes: a store that cannot would fail every order while health
@@ -75,6 +107,7 @@ async fn probe(store: &dyn OrderStore) -> Result<(), ServerError> {
 /// [`serve`] once the store has been probed.
 async fn serve_probed(
     listener: TcpListener,
+    admin: Option<TcpListener>,
     config: Arc<Config>,
     store: Arc<dyn OrderStore>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -152,6 +185,23 @@ async fn serve_probed(
         )
     });
 
+    // The admin port outlives the drain, so /readyz says 503 while it lasts.
+    let admin_stop = CancellationToken::new();
+    let admin_task = admin.map(|listener| {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "admin port listening: /metrics /healthz /readyz");
+        }
+        let admin = crate::admin::Admin {
+            readiness: Some(Arc::clone(&readiness)),
+            store: Some(Arc::clone(&store)),
+        };
+        tokio::spawn(crate::admin::serve(
+            listener,
+            admin,
+            admin_stop.clone().cancelled_owned(),
+        ))
+    });
+
     let draining = CancellationToken::new();
     let on_shutdown = {
         let draining = draining.clone();
@@ -173,6 +223,8 @@ async fn serve_probed(
     tracing::info!(%addr, "checkout orchestrator listening");
     let limits = &config.server;
     let mut builder = Server::builder()
+        // Every call: trace context read from its headers, a server span, its duration timed.
+        .layer(crate::telemetry::ServerTraceLayer)
         // Calls beyond this per connection wait at the client, not here.
         .max_concurrent_streams(limits.max_concurrent_streams)
         // Dead peers are found and their connections closed...
@@ -214,12 +266,21 @@ async fn serve_probed(
     if let Err(e) = watch.await {
         tracing::error!(error = %e, "store watch failed");
     }
+    admin_stop.cancel();
+    if let Some(task) = admin_task {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::error!(%error, "admin port failed"),
+            Err(error) => tracing::error!(%error, "admin task failed"),
+        }
+    }
     served.map_err(ServerError::from)
 }
 
 /// A running orchestrator (for tests and the `demo` command): its address and a way to stop it.
 pub struct Running {
     addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     tls: bool,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ServerError>>,
@@ -237,13 +298,20 @@ impl Running {
         let tls = config.tls.is_some();
         let shutdown = CancellationToken::new();
         let signal = shutdown.clone();
+        let admin = bind_admin(&config).await?;
+        let admin_addr = admin
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()
+            .map_err(ServerError::LocalAddr)?;
         // Probed here, so a store that takes no writes fails `start` itself.
         probe(store.as_ref()).await?;
-        let task = tokio::spawn(serve_probed(listener, config, store, async move {
+        let task = tokio::spawn(serve_probed(listener, admin, config, store, async move {
             signal.cancelled().await
         }));
         Ok(Self {
             addr,
+            admin_addr,
             tls,
             shutdown,
             task,
@@ -253,6 +321,11 @@ impl Running {
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where the admin port listens, if `admin_listen` was set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     /// `http://<addr>` (`https://` with TLS).

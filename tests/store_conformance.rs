@@ -38,6 +38,8 @@ fn new_order(order_id: &str, created_at_ms: i64) -> NewOrder {
         expected_total: None,
         deadline_ms: created_at_ms + 2_400,
         created_at_ms,
+        // Stored and read back like every other field (the worker links its spans to it).
+        traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned()),
     }
 }
 
@@ -256,8 +258,8 @@ mod cases {
                 parked: 0,
                 done: 0,
                 orders_pending: 1,
-                // The takeover job, due at 4,400 (a lease does not move it).
-                oldest_pending_run_at_ms: Some(4_400),
+                // The leased takeover job: a lease runs until 10,000, and is due again then.
+                oldest_pending_run_at_ms: Some(10_000),
             }
         );
     }

@@ -23,6 +23,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use opentelemetry::context::FutureExt as _;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -42,6 +43,7 @@ use crate::proto::{
 use crate::store::{
     Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
 };
+use crate::telemetry::{self, StepSpan};
 
 /// Places orders: owns the policy, the downstream clients and the store.
 pub struct Orchestrator {
@@ -115,6 +117,7 @@ impl Orchestrator {
         let on_drop = abandoned.clone().drop_guard();
         let waterfall = Waterfall::new(deadline.started());
         let progress = Arc::new(Progress::default());
+        let trace = telemetry::operation_context(&abandoned);
         let (answer_tx, answer_rx) = oneshot::channel();
         let (delivered_tx, delivered_rx) = oneshot::channel();
         let operation = Operation {
@@ -124,11 +127,13 @@ impl Orchestrator {
             waterfall: waterfall.clone(),
             progress: Arc::clone(&progress),
         };
-        // The operation outlives this future if the caller leaves; it keeps the caller's span.
+        // The operation outlives this future if the caller leaves; it keeps the caller's span
+        // (for logs) and the RPC's trace context (for spans).
         self.operations.spawn(
             operation
                 .run(request, answer_tx, delivered_rx)
-                .instrument(tracing::Span::current()),
+                .instrument(tracing::Span::current())
+                .with_context(trace),
         );
         let answer_by = tokio::time::Instant::from_std(self.budgeter.answer_by(&deadline));
         let answer = tokio::select! {
@@ -253,11 +258,13 @@ impl Operation {
             record,
             waterfall: self.waterfall.clone(),
         };
-        let created = match orchestrator
-            .store
-            .begin(&order, takeover_at, self.limit())
-            .await
-        {
+        let begun = telemetry::store_write(
+            "begin",
+            orchestrator.store.begin(&order, takeover_at, self.limit()),
+        )
+        .await;
+        telemetry::annotate(|| idempotency(&order, &begun));
+        let created = match begun {
             Err(source) => {
                 return Err(CheckoutError::StoreUnavailable {
                     source,
@@ -309,7 +316,7 @@ impl Operation {
             // Nobody is waiting: take the time needed to make the abandonment durable.
             return self.record_abandonment(created, decision).await;
         }
-        match store.decide(&decision, self.limit()).await {
+        match telemetry::store_write("decide", store.decide(&decision, self.limit())).await {
             Ok(stored) => stored,
             Err(error) => {
                 tracing::warn!(order_id = %created.order.order_id, %error, "decision not recorded in time; the worker will finish the order");
@@ -450,13 +457,18 @@ impl Run<'_> {
         self.hold(total, fraud_review).await
     }
 
-    /// The budget of `step` and when it started; a step with too little time left is
-    /// recorded in the waterfall as not sent, and `None` comes back.
-    fn allot(&self, step: Step) -> Option<(Instant, ChildBudget)> {
+    /// The budget of `step`, when it started and its span; a step with too little time left is
+    /// recorded in the waterfall (and traced) as not sent, and `None` comes back.
+    fn allot(&self, step: Step) -> Option<(Instant, ChildBudget, StepSpan)> {
         let began = Instant::now();
         match self.orchestrator.budgeter.allot(self.deadline, step) {
-            Ok(budget) => Some((began, budget)),
+            Ok(budget) => Some((
+                began,
+                budget,
+                StepSpan::start(&budget, self.deadline.remaining()),
+            )),
             Err(_) => {
+                StepSpan::not_sent(step, self.deadline.remaining());
                 self.waterfall
                     .record(step, began, Duration::ZERO, StepOutcome::NotSent);
                 None
@@ -464,10 +476,17 @@ impl Run<'_> {
         }
     }
 
+    /// A step ended: into the waterfall and its span.
+    fn done(&self, span: StepSpan, began: Instant, budget: &ChildBudget, outcome: StepOutcome) {
+        self.waterfall
+            .record(budget.step(), began, budget.timeout(), outcome);
+        span.end(outcome);
+    }
+
     /// The frozen total and the items to reserve.
     async fn freeze_cart(&self) -> Result<(Money, Vec<inventory::Item>), Verdict> {
         let policy = &self.orchestrator.config.retry_after;
-        let Some((began, budget)) = self.allot(Step::Cart) else {
+        let Some((began, budget, span)) = self.allot(Step::Cart) else {
             return Err(Verdict::budget_exhausted(policy));
         };
         let request = cart::FreezeCartRequest {
@@ -475,13 +494,14 @@ impl Run<'_> {
             customer_id: self.order.customer_id.clone(),
             reference: self.order.order_id.clone(),
         };
-        let result = self
-            .orchestrator
-            .downstreams
-            .freeze_cart(&budget, self.abandoned, request)
+        let result = span
+            .run(
+                self.orchestrator
+                    .downstreams
+                    .freeze_cart(&budget, self.abandoned, request),
+            )
             .await;
-        self.waterfall
-            .record(Step::Cart, began, budget.timeout(), outcome_of(&result));
+        self.done(span, began, &budget, outcome_of(&result));
         match result {
             Ok(frozen) => {
                 frozen_cart(frozen).ok_or_else(|| Verdict::because(Reason::CartUnavailable, policy))
@@ -519,17 +539,20 @@ impl Run<'_> {
             }
             result
         };
-        let intent = self.orchestrator.store.record_hold_intent(
-            &self.order.order_id,
-            total,
-            now_ms(),
-            self.operation.limit(),
+        let intent = telemetry::store_write(
+            "hold_intent",
+            self.orchestrator.store.record_hold_intent(
+                &self.order.order_id,
+                total,
+                now_ms(),
+                self.operation.limit(),
+            ),
         );
         tokio::join!(fraud, inventory, intent)
     }
 
     async fn score(&self, total: &Money, cancel: &CancellationToken) -> FraudResult {
-        let Some((began, budget)) = self.allot(Step::Fraud) else {
+        let Some((began, budget, span)) = self.allot(Step::Fraud) else {
             return FraudResult::NotSent;
         };
         let request = fraud::ScoreRequest {
@@ -539,10 +562,12 @@ impl Run<'_> {
             currency: total.currency.clone(),
             amount_minor_units: total.minor_units,
         };
-        let result = self
-            .orchestrator
-            .downstreams
-            .score(&budget, cancel, request)
+        let result = span
+            .run(
+                self.orchestrator
+                    .downstreams
+                    .score(&budget, cancel, request),
+            )
             .await;
         let (outcome, verdict) = match &result {
             Ok(r) if r.verdict() == fraud::Verdict::Deny => {
@@ -557,8 +582,7 @@ impl Run<'_> {
             }
             Err(_) => (outcome_of(&result), FraudResult::NoAnswer),
         };
-        self.waterfall
-            .record(Step::Fraud, began, budget.timeout(), outcome);
+        self.done(span, began, &budget, outcome);
         verdict
     }
 
@@ -567,24 +591,21 @@ impl Run<'_> {
         items: Vec<inventory::Item>,
         cancel: &CancellationToken,
     ) -> InventoryResult {
-        let Some((began, budget)) = self.allot(Step::Inventory) else {
+        let Some((began, budget, span)) = self.allot(Step::Inventory) else {
             return InventoryResult::NotSent;
         };
         let request = inventory::ReserveRequest {
             reference: self.order.order_id.clone(),
             items,
         };
-        let result = self
-            .orchestrator
-            .downstreams
-            .reserve(&budget, cancel, request)
+        let result = span
+            .run(
+                self.orchestrator
+                    .downstreams
+                    .reserve(&budget, cancel, request),
+            )
             .await;
-        self.waterfall.record(
-            Step::Inventory,
-            began,
-            budget.timeout(),
-            outcome_of(&result),
-        );
+        self.done(span, began, &budget, outcome_of(&result));
         match result {
             Ok(_) => InventoryResult::Reserved,
             Err(CallError::Status(s)) if error_reason(&s).as_deref() == Some("OUT_OF_STOCK") => {
@@ -597,7 +618,7 @@ impl Run<'_> {
 
     async fn hold(&self, total: Money, fraud_review: bool) -> Verdict {
         let policy = &self.orchestrator.config.retry_after;
-        let Some((began, budget)) = self.allot(Step::WalletHold) else {
+        let Some((began, budget, span)) = self.allot(Step::WalletHold) else {
             return Verdict::budget_exhausted(policy).with_total(Some(total));
         };
         let request = wallet::HoldRequest {
@@ -610,18 +631,15 @@ impl Run<'_> {
         };
         let terms = HoldTerms::of(&request);
         let outcome = classify_hold(
-            self.orchestrator
-                .downstreams
-                .hold(&budget, self.abandoned, request)
-                .await,
+            span.run(
+                self.orchestrator
+                    .downstreams
+                    .hold(&budget, self.abandoned, request),
+            )
+            .await,
             &terms,
         );
-        self.waterfall.record(
-            Step::WalletHold,
-            began,
-            budget.timeout(),
-            hold_step_outcome(&outcome),
-        );
+        self.done(span, began, &budget, hold_step_outcome(&outcome));
         let outcome = match outcome {
             HoldOutcome::Ambiguous => self.lookup().await,
             other => other,
@@ -631,20 +649,17 @@ impl Run<'_> {
 
     /// Exactly one lookup by reference after an ambiguous hold, if the budget allows.
     async fn lookup(&self) -> HoldOutcome {
-        let Some((began, budget)) = self.allot(Step::WalletLookup) else {
+        let Some((began, budget, span)) = self.allot(Step::WalletLookup) else {
             return HoldOutcome::Ambiguous;
         };
-        let result = self
-            .orchestrator
-            .downstreams
-            .lookup_hold(&budget, self.abandoned, &self.order.order_id)
+        let result = span
+            .run(self.orchestrator.downstreams.lookup_hold(
+                &budget,
+                self.abandoned,
+                &self.order.order_id,
+            ))
             .await;
-        self.waterfall.record(
-            Step::WalletLookup,
-            began,
-            budget.timeout(),
-            outcome_of(&result),
-        );
+        self.done(span, began, &budget, outcome_of(&result));
         match result {
             Ok(hold) if hold.state() != wallet::HoldState::Released => HoldOutcome::Success {
                 hold_id: hold.hold_id,
@@ -729,6 +744,21 @@ fn hold_step_outcome(outcome: &HoldOutcome) -> StepOutcome {
         HoldOutcome::Ambiguous => StepOutcome::Ambiguous,
         HoldOutcome::Cancelled => StepOutcome::Cancelled,
     }
+}
+
+/// `checkout.idempotency` of the RPC span: what `begin` found.
+fn idempotency(
+    order: &NewOrder,
+    begun: &Result<Begin, StoreError>,
+) -> Vec<opentelemetry::KeyValue> {
+    let value = match begun {
+        Ok(Begin::Created(_)) => "new",
+        Ok(Begin::Existing(e)) if e.order.request_hash != order.request_hash => "conflict",
+        Ok(Begin::Existing(e)) if e.reason == Reason::InProgress.as_str() => "in_progress",
+        Ok(Begin::Existing(_)) => "replay",
+        Err(_) => return Vec::new(),
+    };
+    vec![opentelemetry::KeyValue::new("checkout.idempotency", value)]
 }
 
 /// A duration in whole milliseconds, saturating.

@@ -169,7 +169,7 @@ impl OrderRequest {
         hex(&h.finalize())
     }
 
-    /// The record `begin` writes.
+    /// The record `begin` writes, with the trace context current now (the PlaceOrder's).
     pub fn to_new_order(&self, deadline_ms: i64, now_ms: i64) -> NewOrder {
         NewOrder {
             order_id: self.order_id.clone(),
@@ -182,6 +182,7 @@ impl OrderRequest {
             expected_total: self.expected_total.clone(),
             deadline_ms,
             created_at_ms: now_ms,
+            traceparent: crate::telemetry::current_traceparent(),
         }
     }
 }

@@ -58,7 +58,10 @@ impl CheckoutService for CheckoutApi {
         telemetry::annotate(|| {
             vec![
                 KeyValue::new("checkout.order_id", order.order_id.clone()),
-                KeyValue::new("checkout.deadline_ms", deadline.granted().as_millis() as i64),
+                KeyValue::new(
+                    "checkout.deadline_ms",
+                    deadline.granted().as_millis() as i64,
+                ),
                 KeyValue::new("checkout.deadline_source", deadline.source().as_str()),
             ]
         });

@@ -19,6 +19,10 @@ pub struct DemoArgs {
     /// Stubs listen address.
     #[arg(long, default_value = "127.0.0.1:50052")]
     stubs_listen: SocketAddr,
+    /// The admin HTTP port (/metrics, /healthz, /readyz): host:port, or `off`. Its /metrics
+    /// covers the stubs too: they run in this process.
+    #[arg(long, value_name = "ADDR", default_value_t = crate::config::AdminListen::ORCHESTRATOR_DEFAULT)]
+    admin_listen: crate::config::AdminListen,
     /// Directory of the embedded SQLite store.
     #[arg(long, default_value = "data")]
     data_dir: PathBuf,
@@ -39,6 +43,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
     let mut config = Config {
         listen: args.listen,
+        admin_listen: args.admin_listen,
         downstream: DownstreamAddrs::all_at(&stubs.uri()),
         ..Config::default()
     };

@@ -356,6 +356,8 @@ async fn start_in_process(
     let dir = tempfile::tempdir()?;
     let mut config = Config {
         downstream: DownstreamAddrs::all_at(&stubs.uri()),
+        // In-process lanes serve no admin port: several may run in one process.
+        admin_listen: crate::config::AdminListen::OFF,
         ..Config::default()
     };
     config.store.data_dir = dir.path().to_owned();

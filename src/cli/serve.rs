@@ -18,6 +18,10 @@ pub struct ServeArgs {
     /// Listen address.
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// The admin HTTP port (/metrics, /healthz, /readyz): host:port, or `off`. Default
+    /// 127.0.0.1:9464 (config `admin_listen`); 127.0.0.1:0 picks a free port.
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<crate::config::AdminListen>,
     /// All four downstream services at one address (a `checkout stubs` server): host:port
     /// (e.g. 127.0.0.1:50052) or http://host:port.
     #[arg(long)]
@@ -43,6 +47,9 @@ impl ServeArgs {
         };
         if let Some(listen) = self.listen {
             config.listen = listen;
+        }
+        if let Some(admin) = self.admin_listen {
+            config.admin_listen = admin;
         }
         if let Some(uri) = &self.downstream {
             config.downstream = DownstreamAddrs::all_at(uri);
@@ -123,8 +130,17 @@ pub(super) async fn until_signal(
     config: Arc<Config>,
     store: Arc<dyn crate::store::OrderStore>,
 ) -> anyhow::Result<()> {
-    let served = crate::server::serve(
+    let admin = crate::server::bind_admin(&config).await?;
+    if let Some(admin) = &admin {
+        // Its own line too: with --admin-listen 127.0.0.1:0 this is where it really is.
+        println!(
+            "checkout admin on {} (/metrics /healthz /readyz)",
+            admin.local_addr()?
+        );
+    }
+    let served = crate::server::serve_with_admin(
         listener,
+        admin,
         config,
         Arc::clone(&store),
         super::signal::shutdown(),

@@ -26,6 +26,9 @@ pub struct StubsArgs {
     /// holds and held reservations are always kept.
     #[arg(long, value_name = "N", default_value_t = StubConfig::DEFAULT_HISTORY_CAPACITY)]
     history_capacity: NonZeroUsize,
+    /// An admin HTTP port (/metrics, /healthz, /readyz): host:port, or `off` (the default).
+    #[arg(long, value_name = "ADDR", default_value_t = crate::config::AdminListen::OFF)]
+    admin_listen: crate::config::AdminListen,
     #[command(flatten)]
     tls: super::tls_flags::TlsFlags,
 }
@@ -35,15 +38,39 @@ pub async fn run(args: StubsArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
+    let admin = match args.admin_listen.0 {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the admin port {addr}"))?,
+        ),
+        None => None,
+    };
     // One line on stdout with the bound address (useful with --listen 127.0.0.1:0).
     println!("checkout stubs serving on {}", listener.local_addr()?);
+    let admin_stop = tokio_util::sync::CancellationToken::new();
+    let admin_task = match admin {
+        Some(admin) => {
+            println!("checkout stubs admin on {}", admin.local_addr()?);
+            Some(tokio::spawn(crate::admin::serve(
+                admin,
+                crate::admin::Admin::default(),
+                admin_stop.clone().cancelled_owned(),
+            )))
+        }
+        None => None,
+    };
     let config = StubConfig {
         behaviors: args.behaviors,
         history_capacity: args.history_capacity,
         tls: args.tls.config(),
     };
-    crate::stubs::serve(listener, config, super::signal::shutdown()).await?;
-    Ok(())
+    let served = crate::stubs::serve(listener, config, super::signal::shutdown()).await;
+    admin_stop.cancel();
+    if let Some(task) = admin_task {
+        task.await??;
+    }
+    Ok(served?)
 }
 
 #[cfg(test)]

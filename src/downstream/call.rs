@@ -2,7 +2,8 @@
 //! step's bulkhead (either refusing means the call is not sent: certainly not applied), stamp
 //! the budget on the request, race the call against its budget and its cancellation token, and
 //! drop it (resetting the HTTP/2 stream, so the server sees the cancel) when either ends first;
-//! then tell the breaker how the service did. A call the downstream could not answer is logged
+//! then tell the breaker how the service did. Each attempt is a client span whose trace context
+//! the request carries (see [`crate::telemetry::Attempt`]). A call the downstream could not answer is logged
 //! (rate-limited) with its classification and the transport's own words, so an operator can
 //! see why orders decline.
 
@@ -230,12 +231,12 @@ where
     let started = Instant::now();
     let breaker = match guards.breakers[rpc.log].try_call(started) {
         Ok(permit) => permit,
-        Err(_) => return Err(refused(rpc, Refusal::BreakerOpen)),
+        Err(_) => return Err(refused(rpc, budget, Refusal::BreakerOpen)),
     };
     let Ok(_slot) = guards.bulkheads[rpc.step].try_enter() else {
         // Not sent: says nothing of the service's health, so the breaker is not told.
         drop(breaker);
-        return Err(refused(rpc, Refusal::BulkheadFull));
+        return Err(refused(rpc, budget, Refusal::BulkheadFull));
     };
     let mut request = tonic::Request::new(message);
     let timeout = MetadataValue::try_from(grpc_timeout::format(budget.timeout())).map_err(|e| {
@@ -249,6 +250,8 @@ where
         X_REQUEST_DEADLINE,
         MetadataValue::from(budget.forward_epoch_ms()),
     );
+    // The attempt's client span; its trace context goes out as `traceparent`.
+    let attempt = crate::telemetry::Attempt::start(rpc.method, budget, metadata);
     tracing::trace!(method = rpc.method, step = %budget.step(), budget = ?budget.timeout(), "sending");
 
     let result = tokio::select! {
@@ -276,11 +279,14 @@ where
     if let Some(outcome) = health {
         breaker.record(outcome, started.elapsed());
     }
+    attempt.end(&result);
     result
 }
 
-/// A call refused before it was sent, logged like any call the service could not take.
-fn refused(rpc: Rpc, why: Refusal) -> CallError {
+/// A call refused before it was sent, logged and counted like any call the service could not
+/// take.
+fn refused(rpc: Rpc, budget: &ChildBudget, why: Refusal) -> CallError {
+    crate::telemetry::attempt_refused(budget.step());
     let error = CallError::Refused(why);
     log_failure(rpc, &error);
     error

@@ -125,6 +125,8 @@ pub struct NewOrder {
     pub deadline_ms: i64,
     /// Now, epoch ms.
     pub created_at_ms: i64,
+    /// The W3C `traceparent` of the PlaceOrder that created it (worker spans link to it).
+    pub traceparent: Option<String>,
 }
 
 /// One order as stored.

@@ -33,6 +33,11 @@ const SQLITE: &[Embedded] = &[
         "store probe",
         include_str!("migrations/sqlite/0004_store_probe.sql"),
     ),
+    (
+        5,
+        "order traceparent",
+        include_str!("migrations/sqlite/0005_order_traceparent.sql"),
+    ),
 ];
 
 /// PostgreSQL migrations, oldest first.
@@ -56,6 +61,11 @@ const POSTGRES: &[Embedded] = &[
         4,
         "store probe",
         include_str!("migrations/postgres/0004_store_probe.sql"),
+    ),
+    (
+        5,
+        "order traceparent",
+        include_str!("migrations/postgres/0005_order_traceparent.sql"),
     ),
 ];
 

@@ -172,7 +172,9 @@ async fn run(
     tls: Option<ServerTlsConfig>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StubError> {
-    let mut builder = Server::builder();
+    // Every call: the caller's trace context read from its headers (so the stub's server span
+    // is a child of the orchestrator's client span), and its duration timed.
+    let mut builder = Server::builder().layer(crate::telemetry::ServerTraceLayer);
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }

@@ -22,8 +22,8 @@ use prometheus_client::registry::Registry;
 /// Bucket bounds (seconds) of every latency and budget histogram: fine enough to tell a 50 ms
 /// `min_to_send` from a 150 ms inventory cap and a 2.4 s server budget.
 pub const BUCKETS: [f64; 20] = [
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8,
-    1.0, 1.5, 2.0, 2.5, 5.0,
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0,
+    1.5, 2.0, 2.5, 5.0,
 ];
 
 /// `rpc_method` and `rpc_status_code` (semconv `rpc.method`, `rpc.status_code`).
@@ -276,9 +276,7 @@ pub fn step_ended(step: &'static str, allotted: Duration, took: Duration) {
 
 /// PlaceOrder answered with `remaining` of the caller's deadline left.
 pub fn remaining_at_return(remaining: Duration) {
-    METRICS
-        .remaining_at_return
-        .observe(remaining.as_secs_f64());
+    METRICS.remaining_at_return.observe(remaining.as_secs_f64());
 }
 
 /// The orchestrator cancelled a call of `step` (`caller_left`, `sibling_decided`,
@@ -329,8 +327,16 @@ mod tests {
     /// Every series the observability contract names is rendered under that exact name.
     #[test]
     fn every_contract_name_is_rendered() {
-        rpc_served("checkout.v1.CheckoutService/PlaceOrder", "OK", Duration::from_millis(3));
-        rpc_sent("cart.v1.CartService/FreezeCart", "OK", Duration::from_millis(1));
+        rpc_served(
+            "checkout.v1.CheckoutService/PlaceOrder",
+            "OK",
+            Duration::from_millis(3),
+        );
+        rpc_sent(
+            "cart.v1.CartService/FreezeCart",
+            "OK",
+            Duration::from_millis(1),
+        );
         order_answered("CONFIRMED", "");
         admission_rejected("invalid");
         step_call("cart", "ok", "first");

@@ -127,7 +127,12 @@ impl Drop for Finish {
 fn server_error(status: &str) -> bool {
     matches!(
         status,
-        "UNKNOWN" | "DEADLINE_EXCEEDED" | "UNIMPLEMENTED" | "INTERNAL" | "UNAVAILABLE" | "DATA_LOSS"
+        "UNKNOWN"
+            | "DEADLINE_EXCEEDED"
+            | "UNIMPLEMENTED"
+            | "INTERNAL"
+            | "UNAVAILABLE"
+            | "DATA_LOSS"
     )
 }
 

@@ -74,10 +74,7 @@ fn cancel_reason() -> &'static str {
     Context::map_current(|cx| {
         if cx.get::<AttemptKind>() == Some(&AttemptKind::Worker) {
             "worker_stopping"
-        } else if cx
-            .get::<CallerToken>()
-            .is_some_and(|t| t.0.is_cancelled())
-        {
+        } else if cx.get::<CallerToken>().is_some_and(|t| t.0.is_cancelled()) {
             "caller_left"
         } else {
             "sibling_decided"

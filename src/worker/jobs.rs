@@ -52,6 +52,16 @@ pub enum JobError {
 }
 
 impl JobError {
+    /// The kind of failure, as spans name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Transient(_) => "transient",
+            Self::Rejected(_) => "rejected",
+            Self::Permanent(_) => "permanent",
+            Self::Stopping => "stopping",
+        }
+    }
+
     fn call(what: &str, error: &CallError) -> Self {
         match error.class() {
             CallClass::Cancelled => Self::Stopping,

@@ -16,9 +16,12 @@ mod retry_budget;
 use std::sync::Arc;
 use std::time::Instant;
 
+use opentelemetry::context::FutureExt as _;
+use opentelemetry::trace::TraceContextExt as _;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 pub use backoff::Backoff;
 pub use jobs::{Attempt, Handled, JobError};
@@ -31,6 +34,7 @@ use crate::config::Config;
 use crate::deadline::{Deadline, now_ms};
 use crate::downstream::Downstreams;
 use crate::store::{Failure, Job, JobKind, JobOutcome, OrderRecord, OrderStatus, OrderStore};
+use crate::telemetry;
 
 /// Works jobs until stopped.
 pub struct Worker {
@@ -167,8 +171,19 @@ impl Worker {
         tracing::info!(owner = %self.owner, "worker stopped");
     }
 
-    /// One attempt of one leased job, and its outcome written back.
+    /// One attempt of one leased job, and its outcome written back. Its log lines carry the
+    /// order id and the trace id; its calls run in a job span linked to the order's trace.
     pub async fn work(&self, job: Job, stop: &CancellationToken) {
+        let log = tracing::info_span!(
+            "job",
+            order_id = %job.order_id,
+            kind = job.kind.as_str(),
+            trace_id = tracing::field::Empty,
+        );
+        self.work_in_span(job, stop).instrument(log).await;
+    }
+
+    async fn work_in_span(&self, job: Job, stop: &CancellationToken) {
         let policy = &self.config.worker;
         let order = match self.store.get(&job.order_id).await {
             Ok(Some(order)) => order,
@@ -186,6 +201,7 @@ impl Worker {
         };
         let budget = self.budget_for(job.kind, Some(&order));
         if job.attempts > 0 && !budget.try_retry() {
+            crate::telemetry::metrics::retry_budget_exhausted();
             let now = now_ms();
             let outcome = JobOutcome::RetryAt {
                 run_at_ms: now + millis(jobs::BUDGET_WAIT) + i64::from(rand::random::<u16>() % 500),
@@ -207,7 +223,25 @@ impl Worker {
             deadline: Deadline::after(policy.attempt_timeout),
             stop,
         };
-        let handled = attempt.run(job.kind, &order).await;
+        let trace = telemetry::job_context(
+            job.kind.as_str(),
+            job.attempts,
+            &job.order_id,
+            order.order.traceparent.as_deref(),
+        );
+        let trace_id = trace.span().span_context().trace_id();
+        if trace.span().span_context().is_valid() {
+            tracing::Span::current().record("trace_id", tracing::field::display(trace_id));
+        }
+        let handled = attempt
+            .run(job.kind, &order)
+            .with_context(trace.clone())
+            .await;
+        match &handled {
+            Ok(Handled::Done(_)) => telemetry::job_ended(&trace, "done", None),
+            Ok(Handled::Wait { .. }) => telemetry::job_ended(&trace, "wait", None),
+            Err(error) => telemetry::job_ended(&trace, error.kind(), Some(&error.to_string())),
+        }
         let now = now_ms();
         let outcome = match handled {
             Ok(Handled::Done(verdict)) => {

@@ -57,6 +57,8 @@ pub async fn start_stubs() -> StubServer {
 pub fn test_config(stubs: &StubServer, data_dir: &std::path::Path) -> Config {
     let mut config = Config {
         downstream: DownstreamAddrs::all_at(&stubs.uri()),
+        // Tests never bind fixed ports: a test that wants the admin port asks for 127.0.0.1:0.
+        admin_listen: checkout::config::AdminListen::OFF,
         ..Config::default()
     };
     config.store.data_dir = data_dir.to_owned();

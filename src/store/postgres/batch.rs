@@ -27,22 +27,23 @@ use super::super::{
 use super::decision;
 
 /// Inserts new orders as RECEIVED, each with its `drive_order` takeover job, skipping those
-/// whose scope already has their idempotency key; returns the ids inserted. `$1`..`$12` arrays of the [`NewOrder`] fields (expected
-/// total as currency and amount), created at, and takeover time.
+/// whose scope already has their idempotency key; returns the ids inserted. `$1`..`$13` arrays
+/// of the [`NewOrder`] fields (expected total as currency and amount), created at, takeover
+/// time and traceparent.
 const BEGIN_ORDERS: &str = "WITH input AS (\
      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
      $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], \
-     $12::bigint[]) \
+     $12::bigint[], $13::text[]) \
      AS i (order_id, scope, idempotency_key, request_hash, customer_id, cart_id, \
      wallet_account_id, expected_currency, expected_minor, deadline_ms, created_at_ms, \
-     takeover_at_ms)), \
+     takeover_at_ms, traceparent)), \
      created AS (\
      INSERT INTO orders (order_id, scope, idempotency_key, request_hash, customer_id, cart_id, \
      wallet_account_id, expected_currency, expected_minor, deadline_ms, phase, status, reason, \
-     retryable, retry_after_ms, fraud_review, created_at_ms, updated_at_ms) \
+     retryable, retry_after_ms, fraud_review, created_at_ms, updated_at_ms, traceparent) \
      SELECT order_id, scope, idempotency_key, request_hash, customer_id, cart_id, \
      wallet_account_id, expected_currency, expected_minor, deadline_ms, 'RECEIVED', 'PENDING', \
-     'IN_PROGRESS', FALSE, NULL, FALSE, created_at_ms, created_at_ms FROM input \
+     'IN_PROGRESS', FALSE, NULL, FALSE, created_at_ms, created_at_ms, traceparent FROM input \
      ON CONFLICT DO NOTHING RETURNING order_id), \
      drive AS (\
      INSERT INTO jobs (order_id, kind, state, attempts, run_at_ms, created_at_ms, updated_at_ms) \
@@ -292,6 +293,12 @@ async fn begin_orders(
         .bind(number(|o| o.deadline_ms))
         .bind(number(|o| o.created_at_ms))
         .bind(round.iter().map(|(_, at, _)| *at).collect::<Vec<_>>())
+        .bind(
+            round
+                .iter()
+                .map(|(o, ..)| o.traceparent.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await?;
     let created = rows

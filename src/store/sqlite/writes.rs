@@ -19,13 +19,14 @@ use super::error::Fail;
 use super::rows::{Lite, job_from_row, load, load_by_key};
 
 /// Records a new order as RECEIVED, unless an order with its id or its scope's key exists.
-/// `$1`..`$10` the [`NewOrder`] fields (expected total as currency and amount), `$11` now.
+/// `$1`..`$10` the [`NewOrder`] fields (expected total as currency and amount), `$11` now,
+/// `$12` the traceparent.
 const INSERT_ORDER: &str = "INSERT INTO orders (order_id, scope, idempotency_key, \
      request_hash, customer_id, cart_id, wallet_account_id, expected_currency, expected_minor, \
      deadline_ms, phase, status, reason, retryable, retry_after_ms, fraud_review, \
-     created_at_ms, updated_at_ms) \
+     created_at_ms, updated_at_ms, traceparent) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'RECEIVED', 'PENDING', 'IN_PROGRESS', 0, \
-     NULL, 0, $11, $11) \
+     NULL, 0, $11, $11, $12) \
      ON CONFLICT DO NOTHING";
 
 /// The `drive_order` takeover job of a new order: `$1` order id, `$2` due, `$3` now.
@@ -49,7 +50,7 @@ const DECIDE: &str = "UPDATE orders SET phase = 'DECIDED', status = $2, \
      RETURNING order_id, scope, idempotency_key, request_hash, customer_id, cart_id, \
      wallet_account_id, expected_currency, expected_minor, deadline_ms, phase, status, reason, \
      retryable, retry_after_ms, total_currency, total_minor, hold_id, hold_sent_at_ms, \
-     fraud_review, created_at_ms, updated_at_ms, \
+     fraud_review, created_at_ms, updated_at_ms, traceparent, \
      (SELECT group_concat(j.kind, ',') FROM jobs j \
      WHERE j.order_id = orders.order_id AND j.state = 'parked') AS parked_jobs";
 
@@ -88,6 +89,7 @@ pub(super) fn begin(
         "$9": expected.map(|m| m.minor_units),
         "$10": order.deadline_ms,
         "$11": order.created_at_ms,
+        "$12": order.traceparent,
     })?;
     if inserted == 1 {
         conn.prepare_cached(INSERT_TAKEOVER)?
