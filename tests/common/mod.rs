@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 pub mod control;
+pub mod http;
 pub mod otlp;
 #[cfg(feature = "postgres-tests")]
 pub mod pg;
