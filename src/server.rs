@@ -79,12 +79,7 @@ async fn serve_probed(
     store: Arc<dyn OrderStore>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let downstreams = Downstreams::connect_lazy(
-        &config.downstream,
-        &config.steps,
-        config.downstream_tls.as_ref(),
-        &config.breaker,
-    )?;
+    let downstreams = Downstreams::connect_lazy(&config)?;
     // Read before anything is served, so that a bad certificate stops the start.
     let tls = config
         .tls

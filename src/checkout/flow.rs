@@ -26,19 +26,15 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::Code;
 use tracing::Instrument;
 
+use super::steps::{Cart, Fraud, Lookup, StepCalls, Stock};
 use super::{CheckoutError, OrderRequest, Reason, Verdict};
 use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
 use crate::config::{Config, FraudOnTimeout};
 use crate::deadline::{Deadline, now_ms};
-use crate::downstream::{
-    CallClass, CallError, Downstreams, HoldOutcome, HoldTerms, classify_hold, error_reason,
-};
-use crate::proto::{
-    cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
-};
+use crate::downstream::{CallClass, Downstreams, HoldOutcome};
+use crate::proto::{inventory::v1 as inventory, wallet::v1 as wallet};
 use crate::store::{
     Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
 };
@@ -464,35 +460,28 @@ impl Run<'_> {
         }
     }
 
+    /// The calls of this order's steps.
+    fn calls(&self) -> StepCalls<'_> {
+        StepCalls::new(&self.orchestrator.downstreams, self.order)
+    }
+
     /// The frozen total and the items to reserve.
     async fn freeze_cart(&self) -> Result<(Money, Vec<inventory::Item>), Verdict> {
         let policy = &self.orchestrator.config.retry_after;
         let Some((began, budget)) = self.allot(Step::Cart) else {
             return Err(Verdict::budget_exhausted(policy));
         };
-        let request = cart::FreezeCartRequest {
-            cart_id: self.order.cart_id.clone(),
-            customer_id: self.order.customer_id.clone(),
-            reference: self.order.order_id.clone(),
-        };
-        let result = self
-            .orchestrator
-            .downstreams
-            .freeze_cart(&budget, self.abandoned, request)
-            .await;
-        self.waterfall
-            .record(Step::Cart, began, budget.timeout(), outcome_of(&result));
-        match result {
-            Ok(frozen) => {
-                frozen_cart(frozen).ok_or_else(|| Verdict::because(Reason::CartUnavailable, policy))
-            }
-            Err(error) if error.class() == CallClass::Cancelled => {
+        let called = self.calls().freeze_cart(&budget, self.abandoned).await;
+        called.record(self.waterfall, Step::Cart, began, &budget);
+        match called.outcome {
+            Cart::Frozen { total, items } => Ok((total, items)),
+            Cart::NotFound => Err(Verdict::because(Reason::CartNotFound, policy)),
+            Cart::Failed(error) if error.class() == CallClass::Cancelled => {
                 Err(Verdict::because(Reason::CallerAbandoned, policy))
             }
-            Err(error) if error.code() == Some(Code::NotFound) => {
-                Err(Verdict::because(Reason::CartNotFound, policy))
+            Cart::Unusable | Cart::Failed(_) => {
+                Err(Verdict::because(Reason::CartUnavailable, policy))
             }
-            Err(_) => Err(Verdict::because(Reason::CartUnavailable, policy)),
         }
     }
 
@@ -532,34 +521,14 @@ impl Run<'_> {
         let Some((began, budget)) = self.allot(Step::Fraud) else {
             return FraudResult::NotSent;
         };
-        let request = fraud::ScoreRequest {
-            reference: self.order.order_id.clone(),
-            customer_id: self.order.customer_id.clone(),
-            wallet_account_id: self.order.wallet_account_id.clone(),
-            currency: total.currency.clone(),
-            amount_minor_units: total.minor_units,
-        };
-        let result = self
-            .orchestrator
-            .downstreams
-            .score(&budget, cancel, request)
-            .await;
-        let (outcome, verdict) = match &result {
-            Ok(r) if r.verdict() == fraud::Verdict::Deny => {
-                (StepOutcome::Rejected, FraudResult::Denied)
-            }
-            Ok(r) if r.verdict() == fraud::Verdict::Approve => {
-                (StepOutcome::Ok, FraudResult::Approved)
-            }
-            Ok(_) => (StepOutcome::Ambiguous, FraudResult::NoAnswer),
-            Err(e) if e.class() == CallClass::Cancelled => {
-                (StepOutcome::Cancelled, FraudResult::Cancelled)
-            }
-            Err(_) => (outcome_of(&result), FraudResult::NoAnswer),
-        };
-        self.waterfall
-            .record(Step::Fraud, began, budget.timeout(), outcome);
-        verdict
+        let called = self.calls().score(&budget, cancel, total).await;
+        called.record(self.waterfall, Step::Fraud, began, &budget);
+        match called.outcome {
+            Fraud::Approved => FraudResult::Approved,
+            Fraud::Denied => FraudResult::Denied,
+            Fraud::Failed(e) if e.class() == CallClass::Cancelled => FraudResult::Cancelled,
+            Fraud::NoVerdict | Fraud::Failed(_) => FraudResult::NoAnswer,
+        }
     }
 
     async fn reserve(
@@ -570,28 +539,14 @@ impl Run<'_> {
         let Some((began, budget)) = self.allot(Step::Inventory) else {
             return InventoryResult::NotSent;
         };
-        let request = inventory::ReserveRequest {
-            reference: self.order.order_id.clone(),
-            items,
-        };
-        let result = self
-            .orchestrator
-            .downstreams
-            .reserve(&budget, cancel, request)
-            .await;
-        self.waterfall.record(
-            Step::Inventory,
-            began,
-            budget.timeout(),
-            outcome_of(&result),
-        );
-        match result {
-            Ok(_) => InventoryResult::Reserved,
-            Err(CallError::Status(s)) if error_reason(&s).as_deref() == Some("OUT_OF_STOCK") => {
-                InventoryResult::OutOfStock
-            }
-            Err(e) if e.class() == CallClass::Cancelled => InventoryResult::Cancelled,
-            Err(_) => InventoryResult::Failed,
+        let called = self.calls().reserve(&budget, cancel, items).await;
+        called.record(self.waterfall, Step::Inventory, began, &budget);
+        match called.outcome {
+            Stock::Reserved => InventoryResult::Reserved,
+            Stock::OutOfStock => InventoryResult::OutOfStock,
+            Stock::Failed(e) if e.class() == CallClass::Cancelled => InventoryResult::Cancelled,
+            // A refused (not sent) reservation cannot hold stock; the release job is harmless.
+            Stock::Failed(_) => InventoryResult::Failed,
         }
     }
 
@@ -600,29 +555,9 @@ impl Run<'_> {
         let Some((began, budget)) = self.allot(Step::WalletHold) else {
             return Verdict::budget_exhausted(policy).with_total(Some(total));
         };
-        let request = wallet::HoldRequest {
-            reference: self.order.order_id.clone(),
-            account_id: self.order.wallet_account_id.clone(),
-            amount: Some(wallet::Money {
-                currency: total.currency.clone(),
-                minor_units: total.minor_units,
-            }),
-        };
-        let terms = HoldTerms::of(&request);
-        let outcome = classify_hold(
-            self.orchestrator
-                .downstreams
-                .hold(&budget, self.abandoned, request)
-                .await,
-            &terms,
-        );
-        self.waterfall.record(
-            Step::WalletHold,
-            began,
-            budget.timeout(),
-            hold_step_outcome(&outcome),
-        );
-        let outcome = match outcome {
+        let called = self.calls().hold(&budget, self.abandoned, &total).await;
+        called.record(self.waterfall, Step::WalletHold, began, &budget);
+        let outcome = match called.outcome {
             HoldOutcome::Ambiguous => self.lookup().await,
             other => other,
         };
@@ -634,22 +569,15 @@ impl Run<'_> {
         let Some((began, budget)) = self.allot(Step::WalletLookup) else {
             return HoldOutcome::Ambiguous;
         };
-        let result = self
-            .orchestrator
-            .downstreams
-            .lookup_hold(&budget, self.abandoned, &self.order.order_id)
-            .await;
-        self.waterfall.record(
-            Step::WalletLookup,
-            began,
-            budget.timeout(),
-            outcome_of(&result),
-        );
-        match result {
-            Ok(hold) if hold.state() != wallet::HoldState::Released => HoldOutcome::Success {
-                hold_id: hold.hold_id,
-            },
-            Err(e) if e.class() == CallClass::Cancelled => HoldOutcome::Cancelled,
+        let called = self.calls().lookup(&budget, self.abandoned).await;
+        called.record(self.waterfall, Step::WalletLookup, began, &budget);
+        match called.outcome {
+            Lookup::Found(hold) if hold.state() != wallet::HoldState::Released => {
+                HoldOutcome::Success {
+                    hold_id: hold.hold_id,
+                }
+            }
+            Lookup::Failed(e) if e.class() == CallClass::Cancelled => HoldOutcome::Cancelled,
             // Not found yet, or no answer: the hold may still land. The reconciler will know.
             _ => HoldOutcome::Ambiguous,
         }
@@ -683,51 +611,6 @@ impl Run<'_> {
                 v
             }
         }
-    }
-}
-
-/// A frozen cart's total and the items to reserve; `None` if the cart's answer is unusable.
-pub fn frozen_cart(frozen: cart::FreezeCartResponse) -> Option<(Money, Vec<inventory::Item>)> {
-    let total = frozen
-        .total
-        .filter(|t| t.minor_units >= 0 && !t.currency.is_empty())?;
-    let items = frozen
-        .lines
-        .into_iter()
-        .map(|line| inventory::Item {
-            sku: line.sku,
-            quantity: line.quantity,
-        })
-        .collect();
-    Some((
-        Money {
-            currency: total.currency,
-            minor_units: total.minor_units,
-        },
-        items,
-    ))
-}
-
-/// The waterfall outcome of a call.
-pub fn outcome_of<T>(result: &Result<T, CallError>) -> StepOutcome {
-    match result {
-        Ok(_) => StepOutcome::Ok,
-        Err(e) => match e.class() {
-            CallClass::Rejected => StepOutcome::Rejected,
-            CallClass::Unavailable => StepOutcome::Unavailable,
-            CallClass::Ambiguous => StepOutcome::Ambiguous,
-            CallClass::Cancelled => StepOutcome::Cancelled,
-        },
-    }
-}
-
-fn hold_step_outcome(outcome: &HoldOutcome) -> StepOutcome {
-    match outcome {
-        HoldOutcome::Success { .. } => StepOutcome::Ok,
-        HoldOutcome::Rejected(_) => StepOutcome::Rejected,
-        HoldOutcome::Unavailable => StepOutcome::Unavailable,
-        HoldOutcome::Ambiguous => StepOutcome::Ambiguous,
-        HoldOutcome::Cancelled => StepOutcome::Cancelled,
     }
 }
 
