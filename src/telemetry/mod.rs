@@ -38,7 +38,7 @@ pub use logs::LogFormat;
 pub use propagation::{extract, inject};
 pub use server::{ServerTrace, ServerTraceLayer};
 pub use spans::{
-    Attempt, AttemptKind, StepSpan, annotate, attempt_refused, current_trace_id,
+    Attempt, AttemptKind, StepSpan, annotate, as_attempt, attempt_refused, current_trace_id,
     current_traceparent, job_context, job_ended, operation_context, store_write,
 };
 

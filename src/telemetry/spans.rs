@@ -64,6 +64,11 @@ impl AttemptKind {
     }
 }
 
+/// Runs `call` as an attempt of `kind` (`checkout.attempt_kind` of its spans and metrics).
+pub fn as_attempt<F: Future>(kind: AttemptKind, call: F) -> impl Future<Output = F::Output> {
+    call.with_context(Context::current_with_value(kind))
+}
+
 /// The root token of one PlaceOrder, carried in its context so that a cancelled call can tell
 /// "the caller left" from "a sibling decided".
 #[derive(Debug, Clone)]
@@ -220,7 +225,8 @@ impl StepSpan {
     }
 }
 
-/// One downstream attempt: its client span, whose context the request carries.
+/// One downstream attempt: its client span, whose context the request carries. An attempt
+/// dropped before it ended (the losing copy of a hedged call) ends as cancelled.
 #[derive(Debug)]
 pub struct Attempt {
     method: &'static str,
@@ -229,6 +235,16 @@ pub struct Attempt {
     started: Instant,
     /// The client span's context; `None` when spans are off.
     cx: Option<Context>,
+    /// Set by [`Attempt::end`].
+    ended: bool,
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.finish::<()>(&Err(CallError::Cancelled));
+        }
+    }
 }
 
 impl Attempt {
@@ -265,12 +281,18 @@ impl Attempt {
             kind,
             started: Instant::now(),
             cx,
+            ended: false,
         }
     }
 
     /// Ends the attempt with its result: metrics, status, and a `cancelled` event when the
     /// orchestrator stopped it (its budget spent, the caller gone, a sibling decided).
-    pub fn end<T>(self, result: &Result<T, CallError>) {
+    pub fn end<T>(mut self, result: &Result<T, CallError>) {
+        self.finish(result);
+    }
+
+    fn finish<T>(&mut self, result: &Result<T, CallError>) {
+        self.ended = true;
         let took = self.started.elapsed();
         let (status, outcome) = match result {
             Ok(_) => ("OK", "ok"),
@@ -286,7 +308,7 @@ impl Attempt {
         if let Some(reason) = cancelled {
             metrics::call_cancelled(self.step, reason);
         }
-        let Some(cx) = self.cx else { return };
+        let Some(cx) = self.cx.take() else { return };
         let span = cx.span();
         if span.is_recording() {
             span.set_attributes([
