@@ -3,6 +3,7 @@
 pub mod bare;
 mod demo;
 mod loadgen;
+mod otlp_sink;
 mod place;
 mod procfs;
 mod serve;
@@ -45,6 +46,9 @@ enum Command {
     /// A naive fan-out orchestrator over the same stubs (no deadlines, store or telemetry):
     /// the benchmark baseline, not a product.
     Bare(bare::BareArgs),
+    /// An OTLP/gRPC trace collector that only counts what it is sent (for the benchmark).
+    #[command(hide = true)]
+    OtlpSink(otlp_sink::OtlpSinkArgs),
 }
 
 /// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
@@ -55,7 +59,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs", cli.log_format)),
         // The bare baseline has no telemetry on purpose: it is what serve is compared with.
-        Command::Place(_) | Command::Loadgen(_) | Command::Bare(_) => None,
+        Command::Place(_) | Command::Loadgen(_) | Command::Bare(_) | Command::OtlpSink(_) => None,
     };
     let result = match cli.command {
         Command::Demo(args) => demo::run(args).await,
@@ -64,6 +68,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Place(args) => place::run(args).await,
         Command::Loadgen(args) => loadgen::run(args).await,
         Command::Bare(args) => bare::run(args).await,
+        Command::OtlpSink(args) => otlp_sink::run(args).await,
     };
     if let Some(telemetry) = telemetry {
         telemetry.shutdown().await;
