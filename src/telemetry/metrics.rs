@@ -186,7 +186,7 @@ impl Metrics {
         );
         registry.register(
             "checkout_store_write_duration_seconds",
-            "Duration of store writes, by kind",
+            "Duration of the request path's store writes, by kind (begin, hold_intent, decide)",
             m.store_write.clone(),
         );
         registry.register(
@@ -307,7 +307,7 @@ pub fn retry_budget_exhausted() {
     METRICS.retry_budget_exhausted.inc();
 }
 
-/// One store write of `kind` (`begin`, `hold_intent`, `decide`, `finish_job`, ...).
+/// One request-path store write of `kind` (`begin`, `hold_intent`, `decide`).
 pub fn store_write(kind: &'static str, took: Duration) {
     METRICS
         .store_write

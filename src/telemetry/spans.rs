@@ -242,7 +242,8 @@ pub struct Attempt {
 impl Drop for Attempt {
     fn drop(&mut self) {
         if !self.ended {
-            self.finish::<()>(&Err(CallError::Cancelled));
+            // Dropped, not cancelled through its token: the losing copy of a hedged call.
+            self.finish::<()>(&Err(CallError::Cancelled), Some("sibling_decided"));
         }
     }
 }
@@ -288,10 +289,10 @@ impl Attempt {
     /// Ends the attempt with its result: metrics, status, and a `cancelled` event when the
     /// orchestrator stopped it (its budget spent, the caller gone, a sibling decided).
     pub fn end<T>(mut self, result: &Result<T, CallError>) {
-        self.finish(result);
+        self.finish(result, None);
     }
 
-    fn finish<T>(&mut self, result: &Result<T, CallError>) {
+    fn finish<T>(&mut self, result: &Result<T, CallError>, dropped: Option<&'static str>) {
         self.ended = true;
         let took = self.started.elapsed();
         let (status, outcome) = match result {
@@ -300,7 +301,7 @@ impl Attempt {
         };
         let cancelled = match result {
             Err(CallError::TimedOut(_)) => Some("budget_spent"),
-            Err(CallError::Cancelled) => Some(cancel_reason()),
+            Err(CallError::Cancelled) => Some(dropped.unwrap_or_else(cancel_reason)),
             _ => None,
         };
         metrics::rpc_sent(self.method, status, took);
