@@ -41,15 +41,31 @@ async fn spawn_serve(
 /// Starts `checkout serve --listen 127.0.0.1:0` with `args`, its stderr appended to `log`;
 /// returns the child and its address once it announced it.
 async fn spawn_serve_with(args: &[&std::ffi::OsStr], log: &std::path::Path) -> (Child, String) {
+    spawn_serve_logging(args, log, "warn").await
+}
+
+/// [`spawn_serve_with`], logging at `rust_log`.
+async fn spawn_serve_logging(
+    args: &[&std::ffi::OsStr],
+    log: &std::path::Path,
+    rust_log: &str,
+) -> (Child, String) {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_checkout"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        // Tests never bind fixed ports: the admin port too is picked by the kernel.
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .args(args)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", rust_log)
         .stdout(Stdio::piped())
         .stderr(log)
         .kill_on_drop(true)
@@ -420,7 +436,8 @@ async fn serve_takes_host_port_refuses_nonsense_and_logs_why_orders_decline() {
     child.wait().await.unwrap();
 
     let refused = Command::new(env!("CARGO_BIN_EXE_checkout"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--downstream", "stubs"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .args(["--downstream", "stubs"])
         .output()
         .await
         .unwrap();
@@ -482,4 +499,69 @@ async fn serve_takes_host_port_refuses_nonsense_and_logs_why_orders_decline() {
     child.start_kill().unwrap();
     child.wait().await.unwrap();
     stubs.stop().await;
+}
+
+/// `--log-format json` writes one JSON object a line, and a line written inside a PlaceOrder
+/// carries the order id and the trace id of the caller's `traceparent`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_name_the_order_and_the_trace() {
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let downstream = stubs.uri();
+    let args = [
+        "--log-format".as_ref(),
+        "json".as_ref(),
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        dir.path().as_os_str(),
+    ];
+    let (mut child, uri) = spawn_serve_logging(&args, &log, "info").await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut request = with_timeout(order("json-1", "cart-9"), Duration::from_secs(2));
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace}-00f067aa0ba902b7-01").parse().unwrap(),
+    );
+    let placed = client.place_order(request).await.unwrap().into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    // A cart that cannot answer: the warning is written inside the second order's request.
+    let control = Control::connect(stubs.uri()).await;
+    control
+        .configure("cart", "", common::behavior(0, Fault::Unavailable))
+        .await;
+    let mut request = with_timeout(order("json-2", "cart-9"), Duration::from_secs(2));
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace}-00f067aa0ba902b8-01").parse().unwrap(),
+    );
+    let declined = client.place_order(request).await.unwrap().into_inner();
+    assert_eq!(declined.reason, "CART_UNAVAILABLE", "{declined:?}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let answered = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "PlaceOrder answered")
+        .unwrap_or_else(|| panic!("no answer line in {text}"));
+    assert_eq!(answered["fields"]["order_id"], placed.order_id.as_str());
+    assert_eq!(answered["fields"]["trace_id"], trace);
+    let inside = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "downstream call failed")
+        .unwrap_or_else(|| panic!("no failure line in {text}"));
+    assert_eq!(inside["span"]["name"], "PlaceOrder", "{inside}");
+    assert_eq!(
+        inside["span"]["order_id"],
+        declined.order_id.as_str(),
+        "{inside}"
+    );
+    assert_eq!(inside["span"]["trace_id"], trace, "{inside}");
 }
