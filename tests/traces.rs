@@ -356,3 +356,39 @@ async fn a_step_not_sent_is_visible_in_the_trace() {
         "a lookup was sent"
     );
 }
+
+/// A caller's unsampled trace (`traceparent` flags `00`) is followed, not recorded: nothing of
+/// it reaches the collector — not the orchestrator's spans, not the stubs' — while a sampled
+/// order placed right after it arrives whole.
+#[tokio::test]
+async fn an_unsampled_trace_exports_nothing() {
+    let collector = collector();
+    let h = common::start().await;
+    let (unsampled, _, header) = caller_trace();
+    let header = format!("{}-00", header.strip_suffix("-01").unwrap());
+    let order = place_traced(
+        &h,
+        common::order("trace-5", "cart-4200"),
+        Duration::from_secs(2),
+        &header,
+    )
+    .await
+    .expect("placed");
+    assert_eq!(order.status(), pb::OrderStatus::Confirmed, "{order:?}");
+    let (sampled, _, header) = caller_trace();
+    place_traced(
+        &h,
+        common::order("trace-6", "cart-4200"),
+        Duration::from_secs(2),
+        &header,
+    )
+    .await
+    .expect("placed");
+    collector
+        .wait_for(&sampled, ARRIVAL, |spans| {
+            named(spans, "wallet.v1.WalletService/Hold", KIND_SERVER).is_some()
+                && named(spans, "checkout.v1.CheckoutService/PlaceOrder", KIND_SERVER).is_some()
+        })
+        .await;
+    assert_eq!(collector.trace(&unsampled).len(), 0);
+}

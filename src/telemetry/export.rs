@@ -1,16 +1,17 @@
 //! Span export that never holds up an order: finished spans go into a bounded queue
 //! (`OTEL_BSP_MAX_QUEUE_SIZE`) with a non-blocking send, and one task ships them in batches
 //! (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, at least every `OTEL_BSP_SCHEDULE_DELAY`, each export
-//! bounded by `OTEL_BSP_EXPORT_TIMEOUT`). A full queue drops the span and counts it in
+//! bounded by `OTEL_BSP_EXPORT_TIMEOUT`, up to four exports in flight). A full queue drops the span and counts it in
 //! `checkout_telemetry_spans_dropped_total` (as are the spans of a failed export): a collector that is down or slow costs spans,
 //! never latency. (The SDK's own batch processor drops too, but does not expose the count.)
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::Context;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter, SpanProcessor};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -111,12 +112,17 @@ impl Shipper {
     }
 }
 
-async fn ship<E: SpanExporter>(
+/// Exports in flight at once, at most: a slow export does not stop the next batch.
+const EXPORTS_IN_FLIGHT: usize = 4;
+
+async fn ship<E: SpanExporter + 'static>(
     exporter: E,
     mut queue: mpsc::Receiver<SpanData>,
     batching: Batching,
     stop: CancellationToken,
 ) {
+    let exporter = Arc::new(exporter);
+    let in_flight = Arc::new(Semaphore::new(EXPORTS_IN_FLIGHT));
     let mut batch = Vec::with_capacity(batching.batch);
     loop {
         let first = tokio::select! {
@@ -136,16 +142,29 @@ async fn ship<E: SpanExporter>(
                 () = stop.cancelled() => break,
             }
         }
-        export(&exporter, &mut batch, batching.timeout).await;
+        // Waits only when EXPORTS_IN_FLIGHT exports are out; meanwhile the queue fills (and
+        // drops, counted) rather than anything waiting on it.
+        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+            break;
+        };
+        let spans = std::mem::replace(&mut batch, Vec::with_capacity(batching.batch));
+        let exporter = Arc::clone(&exporter);
+        tokio::spawn(async move {
+            let mut spans = spans;
+            export(exporter.as_ref(), &mut spans, batching.timeout).await;
+            drop(permit);
+        });
     }
+    // Let the exports in flight finish (each bounded by the export timeout).
+    let _ = in_flight.acquire_many(EXPORTS_IN_FLIGHT as u32).await;
     // Stopping: what is already queued still goes out.
     while let Ok(span) = queue.try_recv() {
         batch.push(span);
         if batch.len() >= batching.batch {
-            export(&exporter, &mut batch, batching.timeout).await;
+            export(exporter.as_ref(), &mut batch, batching.timeout).await;
         }
     }
-    export(&exporter, &mut batch, batching.timeout).await;
+    export(exporter.as_ref(), &mut batch, batching.timeout).await;
     let _ = exporter.shutdown();
 }
 

@@ -4,9 +4,10 @@
 //! write, and a span per worker job attempt linked to the order's original trace.
 //!
 //! Cost: with export off no span is built at all — the caller's trace context (or a fresh,
-//! unsampled trace id, so logs still correlate) is passed through unchanged. With export on,
-//! an unsampled trace makes non-recording spans, and every attribute is built only for a
-//! recording span.
+//! unsampled trace id, so logs still correlate) is passed through unchanged. With export on, an
+//! unsampled trace costs one non-recording server span: no step, attempt or store span is built
+//! under it (its context is passed downstream instead), and attributes set later are built only
+//! for a recording span.
 
 use std::future::Future;
 use std::sync::OnceLock;
@@ -36,6 +37,12 @@ pub(super) fn set_tracer(tracer: SdkTracer) {
 
 fn tracer() -> Option<&'static SdkTracer> {
     TRACER.get()
+}
+
+/// The tracer, if the current span is sampled: a child of an unsampled span of ours is not
+/// built at all (it would not be sampled either; the parent's context is passed on instead).
+fn tracer_for_child() -> Option<&'static SdkTracer> {
+    tracer().filter(|_| Context::map_current(|cx| cx.span().span_context().is_sampled()))
 }
 
 /// How an attempt came about (`checkout.attempt_kind`).
@@ -163,7 +170,7 @@ impl StepSpan {
     /// Starts the span of `step`, allotted `budget` with `remaining` of the caller's deadline left.
     pub fn start(budget: &ChildBudget, remaining: Duration) -> Self {
         let step = budget.step();
-        let cx = tracer().map(|tracer| {
+        let cx = tracer_for_child().map(|tracer| {
             let parent = Context::current();
             let span = tracer
                 .span_builder(step.name())
@@ -209,7 +216,7 @@ impl StepSpan {
     /// A step not sent: too little budget was left. Visible as a zero-length span and counted.
     pub fn not_sent(step: Step, remaining: Duration) {
         metrics::step_call(step.name(), "not_sent", AttemptKind::current().as_str());
-        if let Some(tracer) = tracer() {
+        if let Some(tracer) = tracer_for_child() {
             let mut span = tracer
                 .span_builder(step.name())
                 .with_kind(SpanKind::Internal)
@@ -253,7 +260,7 @@ impl Attempt {
     /// `metadata` (the caller's context passes through when spans are off).
     pub fn start(method: &'static str, budget: &ChildBudget, metadata: &mut MetadataMap) -> Self {
         let kind = AttemptKind::current();
-        let cx = match tracer() {
+        let cx = match tracer_for_child() {
             Some(tracer) => {
                 let parent = Context::current();
                 let span = tracer
@@ -409,11 +416,17 @@ pub fn current_traceparent() -> Option<String> {
 /// Runs a request-path store write of `kind` in its own span, timing it.
 pub async fn store_write<F: Future>(kind: &'static str, write: F) -> F::Output {
     let started = Instant::now();
-    let output = match tracer() {
+    let output = match tracer_for_child() {
         Some(tracer) => {
             let parent = Context::current();
+            let name = match kind {
+                "begin" => "store begin",
+                "hold_intent" => "store hold_intent",
+                "decide" => "store decide",
+                _ => "store write",
+            };
             let span = tracer
-                .span_builder(format!("store {kind}"))
+                .span_builder(name)
                 .with_kind(SpanKind::Internal)
                 .with_attributes([KeyValue::new("checkout.store.write", kind)])
                 .start_with_context(tracer, &parent);
