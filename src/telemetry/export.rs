@@ -1,7 +1,8 @@
 //! Span export that never holds up an order: finished spans go into a bounded queue
-//! (`OTEL_BSP_MAX_QUEUE_SIZE`) with a non-blocking send, and one task ships them in batches
-//! (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, at least every `OTEL_BSP_SCHEDULE_DELAY`, each export
-//! bounded by `OTEL_BSP_EXPORT_TIMEOUT`, up to four exports in flight). A full queue drops the span and counts it in
+//! (`OTEL_BSP_MAX_QUEUE_SIZE`) with a non-blocking send, and one task reads the queue every
+//! 25 ms and ships it in batches (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`; a partial batch once its
+//! first span has waited `OTEL_BSP_SCHEDULE_DELAY`; each export bounded by
+//! `OTEL_BSP_EXPORT_TIMEOUT`; up to four exports in flight). A full queue drops the span and counts it in
 //! `checkout_telemetry_spans_dropped_total` (as are the spans of a failed export): a collector that is down or slow costs spans,
 //! never latency. (The SDK's own batch processor drops too, but does not expose the count.)
 
@@ -115,6 +116,10 @@ impl Shipper {
 /// Exports in flight at once, at most: a slow export does not stop the next batch.
 const EXPORTS_IN_FLIGHT: usize = 4;
 
+/// How often the queue is read: full batches leave within this, partial ones after the
+/// schedule delay (give or take this).
+const TICK: Duration = Duration::from_millis(25);
+
 async fn ship<E: SpanExporter + 'static>(
     exporter: E,
     mut queue: mpsc::Receiver<SpanData>,
@@ -124,36 +129,45 @@ async fn ship<E: SpanExporter + 'static>(
     let exporter = Arc::new(exporter);
     let in_flight = Arc::new(Semaphore::new(EXPORTS_IN_FLIGHT));
     let mut batch = Vec::with_capacity(batching.batch);
+    // When the batch being filled took its first span.
+    let mut first_at: Option<tokio::time::Instant> = None;
+    // The queue is read on a tick, never awaited span by span: a finished span costs its
+    // sender an atomic push, with no task to wake.
+    let mut tick = tokio::time::interval(TICK.min(batching.delay));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let first = tokio::select! {
-            span = queue.recv() => span,
-            () = stop.cancelled() => None,
-        };
-        let Some(first) = first else { break };
-        batch.push(first);
-        let due = tokio::time::Instant::now() + batching.delay;
-        while batch.len() < batching.batch {
-            tokio::select! {
-                span = queue.recv() => match span {
-                    Some(span) => batch.push(span),
-                    None => break,
-                },
-                () = tokio::time::sleep_until(due) => break,
-                () = stop.cancelled() => break,
-            }
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => break,
         }
-        // Waits only when EXPORTS_IN_FLIGHT exports are out; meanwhile the queue fills (and
-        // drops, counted) rather than anything waiting on it.
-        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
-            break;
-        };
-        let spans = std::mem::replace(&mut batch, Vec::with_capacity(batching.batch));
-        let exporter = Arc::clone(&exporter);
-        tokio::spawn(async move {
-            let mut spans = spans;
-            export(exporter.as_ref(), &mut spans, batching.timeout).await;
-            drop(permit);
-        });
+        loop {
+            while batch.len() < batching.batch {
+                match queue.try_recv() {
+                    Ok(span) => {
+                        first_at.get_or_insert_with(tokio::time::Instant::now);
+                        batch.push(span);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let full = batch.len() >= batching.batch;
+            let due = first_at.is_some_and(|at| at.elapsed() >= batching.delay);
+            if !full && !due {
+                break;
+            }
+            // Waits only when EXPORTS_IN_FLIGHT exports are out; meanwhile the queue fills
+            // (and drops, counted) rather than anything waiting on it.
+            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                break;
+            };
+            let mut spans = std::mem::replace(&mut batch, Vec::with_capacity(batching.batch));
+            first_at = None;
+            let exporter = Arc::clone(&exporter);
+            tokio::spawn(async move {
+                export(exporter.as_ref(), &mut spans, batching.timeout).await;
+                drop(permit);
+            });
+        }
     }
     // Let the exports in flight finish (each bounded by the export timeout).
     let _ = in_flight.acquire_many(EXPORTS_IN_FLIGHT as u32).await;
