@@ -58,6 +58,16 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "{}",
         instructions(args.listen, args.stubs_listen, &args.data_dir)
     );
+    if let Some(admin) = args.admin_listen.0 {
+        println!(
+            "# Metrics (Prometheus text) and readiness of this process, stubs included:\n\
+             curl -s http://{admin}/metrics | grep checkout_orders_total\n\
+             curl -s http://{admin}/readyz\n\n\
+             # Traces: start with OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 and a collector\n\
+             # (deploy/otel-collector.yaml); add -rpc-header 'traceparent: 00-<32 hex>-<16 hex>-01'\n\
+             # to grpcurl to continue your own trace.\n"
+        );
+    }
     println!("{}", super::serve::admission_floor_line(&config));
     let served = super::serve::until_signal(listener, config, store).await;
     stubs.stop().await;
