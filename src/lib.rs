@@ -24,6 +24,7 @@
 //! - [`stubs`]: configurable cart, fraud, inventory and wallet stubs plus their control plane.
 //! - [`config`]: every policy number, with the spec's defaults.
 //! - [`introspection`]: reflection and health, shared by both servers.
+//! - [`stall`]: a watch that tells a stalled runtime from a starved process, in the log.
 //! - [`telemetry`]: logs, OpenTelemetry spans and trace-context propagation.
 //! - [`cli`]: the `checkout` subcommands; [`proto`]: generated code.
 
@@ -38,6 +39,7 @@ pub mod introspection;
 pub mod proto;
 pub mod readiness;
 pub mod server;
+pub mod stall;
 pub mod store;
 pub mod stubs;
 pub mod telemetry;

@@ -11,6 +11,7 @@ mod stubs;
 mod tls_flags;
 pub mod waterfall;
 
+use crate::stall::{self, StallWatch};
 use clap::{Parser, Subcommand};
 
 /// A gRPC checkout orchestrator that propagates one caller-owned deadline end to end.
@@ -45,6 +46,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs")),
         // The bare baseline has no telemetry on purpose: it is what serve is compared with.
         Command::Place(_) | Command::Loadgen(_) | Command::Bare(_) => None,
+    };
+    // The servers log how late their runtime and an OS thread wake (see `crate::stall`).
+    let _stalls = match &cli.command {
+        Command::Serve(_) => Some(StallWatch::start("serve", stall::REPORT_OVER)),
+        Command::Stubs(_) => Some(StallWatch::start("stubs", stall::REPORT_OVER)),
+        _ => None,
     };
     let result = match cli.command {
         Command::Demo(args) => demo::run(args).await,
