@@ -3,6 +3,11 @@
 
 use clap::Parser;
 
+/// mimalloc instead of glibc's malloc: a third of serve's self time was in glibc's allocator
+/// (docs/benchmarks.md), and its per-thread arenas kept growing under the blocking pool.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let cli = checkout::cli::Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
