@@ -93,11 +93,10 @@ async fn serve_probed(
         downstreams.clone(),
         Arc::clone(&store),
     ));
-    let worker = Arc::new(Worker::new(
-        Arc::clone(&config),
-        downstreams,
-        Arc::clone(&store),
-    ));
+    let worker = Arc::new(
+        Worker::new(Arc::clone(&config), downstreams, Arc::clone(&store))
+            .yielding_to(orchestrator.limiter().clone()),
+    );
 
     let mut routes = RoutesBuilder::default();
     let health = introspection::add_to(&mut routes)?;

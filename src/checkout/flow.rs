@@ -29,7 +29,8 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::steps::{Cart, Fraud, Lookup, StepCalls, Stock};
-use super::{CheckoutError, OrderRequest, Reason, Verdict};
+use super::{CheckoutError, OrderRequest, Overload, Reason, Verdict};
+use crate::admission::{AdaptiveLimiter, Permit};
 use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
 use crate::config::{Config, FraudOnTimeout};
 use crate::deadline::{Deadline, now_ms};
@@ -39,10 +40,12 @@ use crate::store::{
     Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
 };
 
-/// Places orders: owns the policy, the downstream clients and the store.
+/// Places orders: owns the policy, the admission limit, the downstream clients and the store.
 pub struct Orchestrator {
     config: Arc<Config>,
     budgeter: Budgeter,
+    /// Load shedding: the adaptive concurrency limit on orders in flight.
+    limiter: AdaptiveLimiter,
     downstreams: Downstreams,
     store: Arc<dyn OrderStore>,
     /// Operations in flight, so shutdown can let them finish within their own deadlines.
@@ -80,6 +83,7 @@ impl Orchestrator {
     pub fn new(config: Arc<Config>, downstreams: Downstreams, store: Arc<dyn OrderStore>) -> Self {
         Self {
             budgeter: Budgeter::new(&config),
+            limiter: AdaptiveLimiter::new(&config.admission),
             config,
             downstreams,
             store,
@@ -97,6 +101,39 @@ impl Orchestrator {
         &self.store
     }
 
+    /// The admission limit (the worker yields to the request path while it sheds).
+    pub fn limiter(&self) -> &AdaptiveLimiter {
+        &self.limiter
+    }
+
+    /// Sheds what the service cannot answer well now (SPEC §10 admission control): past the
+    /// adaptive concurrency limit, or when the queueing the service adds already exceeds the
+    /// request's slack beyond the shortest path. A refused request is neither recorded nor sent.
+    fn admit_load(&self, deadline: &Deadline) -> Result<Permit, CheckoutError> {
+        let retry_after = self.limiter.retry_after();
+        let slack = deadline
+            .remaining()
+            .saturating_sub(self.budgeter.admission_floor());
+        let expected_wait = self.limiter.expected_wait();
+        if expected_wait > slack {
+            return Err(CheckoutError::Overloaded {
+                cause: Overload::QueueingExceedsSlack {
+                    expected_wait,
+                    slack,
+                },
+                retry_after,
+            });
+        }
+        self.limiter
+            .try_acquire()
+            .map_err(|refused| CheckoutError::Overloaded {
+                cause: Overload::ConcurrencyLimit {
+                    limit: refused.limit,
+                },
+                retry_after,
+            })
+    }
+
     /// Places one order under `deadline`. Admission is decided here, synchronously, before
     /// anything is recorded or sent. The answer comes by `deadline − return_reserve` at the
     /// latest. If the returned future is dropped (the caller went away) before it has the
@@ -107,6 +144,7 @@ impl Orchestrator {
         deadline: Deadline,
     ) -> Result<Placed, CheckoutError> {
         self.budgeter.admit(&deadline)?;
+        let permit = self.admit_load(&deadline)?;
         let abandoned = CancellationToken::new();
         let on_drop = abandoned.clone().drop_guard();
         let waterfall = Waterfall::new(deadline.started());
@@ -123,7 +161,7 @@ impl Orchestrator {
         // The operation outlives this future if the caller leaves; it keeps the caller's span.
         self.operations.spawn(
             operation
-                .run(request, answer_tx, delivered_rx)
+                .run(request, permit, answer_tx, delivered_rx)
                 .instrument(tracing::Span::current()),
         );
         let answer_by = tokio::time::Instant::from_std(self.budgeter.answer_by(&deadline));
@@ -187,13 +225,25 @@ struct Operation {
 impl Operation {
     /// Runs the order, hands the answer to the handler, and — if the handler is gone before it
     /// took the answer of an order this call decided — undoes the decision as an abandonment.
+    /// The admission `permit` is held until the operation ends (work the handler stopped
+    /// waiting for still occupies the service) and reports its latency, or a drop when the
+    /// answer had to come from the deadline timer.
     async fn run(
         self,
         request: OrderRequest,
+        permit: Permit,
         answer: oneshot::Sender<Result<Placed, CheckoutError>>,
         delivered: oneshot::Receiver<()>,
     ) {
         let result = self.operate(request).await;
+        let out_of_time = self.progress.answered()
+            || matches!(&result, Ok((placed, _)) if placed.record.reason == Reason::BudgetExhausted.as_str());
+        if out_of_time {
+            permit.dropped();
+        } else {
+            let rtt = permit.acquired_at().elapsed();
+            permit.complete(rtt);
+        }
         let decided = match &result {
             Ok((placed, true)) if placed.record.status != OrderStatus::Declined => {
                 Some(placed.record.order.order_id.clone())

@@ -9,7 +9,7 @@ mod service;
 mod steps;
 mod verdict;
 
-pub use error::{CheckoutError, ERROR_DOMAIN, X_DEADLINE_EXCEEDED};
+pub use error::{CheckoutError, ERROR_DOMAIN, Overload, X_DEADLINE_EXCEEDED};
 pub use flow::{Orchestrator, Placed, millis};
 pub use reason::Reason;
 pub use request::{
