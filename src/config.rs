@@ -250,8 +250,13 @@ pub struct StepPolicy {
     pub hedge: Option<bool>,
 }
 
+/// Room for a step's calls at the seed's peak through a pause as long as its cap, plus the
+/// worker: by Little's law 1,100/s × `cap` calls are in flight when the downstream (or this
+/// process) pauses for `cap`, up to 880 for `wallet_hold` (800 ms), and the worker adds up to
+/// `worker.concurrency`. With 128, a 120 ms pause of the stubs at 1,100/s filled the bulkhead
+/// and declined orders `*_UNAVAILABLE` that would have been answered within their budget.
 fn default_max_concurrency() -> usize {
-    128
+    1024
 }
 
 fn default_connect() -> Duration {
@@ -522,6 +527,12 @@ pub struct StoreConfig {
     pub database_url: Option<String>,
     /// SQLite durability.
     pub sqlite_synchronous: SqliteSynchronous,
+    /// Cap, in MiB, on the memory SQLite keeps in this process (its page caches above all:
+    /// every connection fills its own with the pages it touched, and with random order ids that
+    /// is ever more distinct pages as the file grows). Applied as SQLite's soft heap limit:
+    /// past it SQLite reuses cached pages instead of allocating; an evicted page is read again
+    /// from the operating system's cache.
+    pub sqlite_memory_limit_mib: u32,
     /// Connections in the pool (PostgreSQL; SQLite readers).
     pub max_connections: u32,
     /// Bound on store calls made outside a request (worker, GetOrder, startup).
@@ -545,6 +556,7 @@ impl std::fmt::Debug for StoreConfig {
                 &self.database_url.as_deref().map(redact_url),
             )
             .field("sqlite_synchronous", &self.sqlite_synchronous)
+            .field("sqlite_memory_limit_mib", &self.sqlite_memory_limit_mib)
             .field("max_connections", &self.max_connections)
             .field("background_timeout", &self.background_timeout)
             .field("statement_guard", &self.statement_guard)
@@ -559,6 +571,7 @@ impl Default for StoreConfig {
             data_dir: PathBuf::from("data"),
             database_url: None,
             sqlite_synchronous: SqliteSynchronous::Full,
+            sqlite_memory_limit_mib: 16,
             max_connections: 16,
             background_timeout: Duration::from_secs(5),
             statement_guard: Duration::from_millis(5),
@@ -807,7 +820,7 @@ impl Config {
                 )));
             }
         }
-        let counts: [(&str, u64, u64, u64); 7] = [
+        let counts: [(&str, u64, u64, u64); 8] = [
             ("worker.max_attempts", w.max_attempts.into(), 1, 1_000_000),
             ("worker.concurrency", w.concurrency as u64, 1, 10_000),
             (
@@ -817,6 +830,12 @@ impl Config {
                 1_000_000,
             ),
             ("store.max_connections", st.max_connections.into(), 1, 1_000),
+            (
+                "store.sqlite_memory_limit_mib",
+                st.sqlite_memory_limit_mib.into(),
+                1,
+                65_536,
+            ),
             (
                 "server.max_message_size",
                 sv.max_message_size as u64,

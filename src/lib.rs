@@ -25,6 +25,7 @@
 //! - [`config`]: every policy number, with the spec's defaults.
 //! - [`introspection`]: reflection and health, shared by both servers.
 //! - [`admin`]: the admin HTTP port (`/metrics`, `/healthz`, `/readyz`).
+//! - [`stall`]: a watch that tells a stalled runtime from a starved process, in the log.
 //! - [`telemetry`]: logs, OpenTelemetry spans, trace-context propagation and metrics.
 //! - [`cli`]: the `checkout` subcommands; [`proto`]: generated code.
 
@@ -40,6 +41,7 @@ pub mod introspection;
 pub mod proto;
 pub mod readiness;
 pub mod server;
+pub mod stall;
 pub mod store;
 pub mod stubs;
 pub mod telemetry;

@@ -189,7 +189,10 @@ impl OrderRequest {
 
 /// A fresh order id: `ord_` + 128 random bits in hex.
 pub fn new_order_id() -> String {
-    format!("ord_{}", hex(&rand::random::<[u8; 16]>()))
+    let mut id = String::with_capacity(36);
+    id.push_str("ord_");
+    id.push_str(&hex(&rand::random::<[u8; 16]>()));
+    id
 }
 
 /// Whether `s` has the form of an order id (`ord_` + 32 lowercase hex digits).
@@ -221,8 +224,15 @@ fn check_id(s: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Lowercase hex of `bytes`, in one allocation (no formatting machinery per byte).
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -306,5 +316,13 @@ mod tests {
         });
         let zero = OrderRequest::parse("s".into(), with, &mut v);
         assert_ne!(none.request_hash(), zero.request_hash());
+    }
+
+    #[test]
+    fn hex_is_lowercase_two_digits_per_byte() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex(&bytes), expected);
+        assert_eq!(hex(&[]), "");
     }
 }

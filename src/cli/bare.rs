@@ -75,7 +75,7 @@ pub async fn serve(
         Ok(Endpoint::from_shared(uri.clone())
             .with_context(|| format!("invalid downstream address {downstream:?}"))?
             .tcp_nodelay(true)
-            .http2_adaptive_window(true)
+            .initial_connection_window_size(crate::downstream::CONNECTION_WINDOW)
             .connect_lazy())
     };
     let bare = Bare {

@@ -12,6 +12,7 @@ mod stubs;
 mod tls_flags;
 pub mod waterfall;
 
+use crate::stall::{self, StallWatch};
 use clap::{Parser, Subcommand};
 
 /// A gRPC checkout orchestrator that propagates one caller-owned deadline end to end.
@@ -60,6 +61,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs", cli.log_format)),
         // The bare baseline has no telemetry on purpose: it is what serve is compared with.
         Command::Place(_) | Command::Loadgen(_) | Command::Bare(_) | Command::OtlpSink(_) => None,
+    };
+    // The servers log how late their runtime and an OS thread wake (see `crate::stall`).
+    let _stalls = match &cli.command {
+        Command::Serve(_) => Some(StallWatch::start("serve", stall::REPORT_OVER)),
+        Command::Stubs(_) => Some(StallWatch::start("stubs", stall::REPORT_OVER)),
+        _ => None,
     };
     let result = match cli.command {
         Command::Demo(args) => demo::run(args).await,

@@ -31,6 +31,14 @@ use fraud::fraud_service_client::FraudServiceClient;
 use inventory::inventory_service_client::InventoryServiceClient;
 use wallet::wallet_service_client::WalletServiceClient;
 
+/// HTTP/2 connection window of each downstream channel (a fixed one, not the adaptive window).
+/// h2 (0.4.20) closes a connection with ENHANCE_YOUR_CALM `too_many_data_frames` once small
+/// DATA frames received but not yet read by their callers exceed half the connection window in
+/// framing overhead. gRPC answers here are one small frame each, so with the adaptive window,
+/// which stays at 64 KiB on loopback, ~150 answers waiting for their tasks (a 100 ms pause at
+/// 1,100/s) killed the channel and failed every call on it: the soak's `*_UNAVAILABLE`
+/// declines once the bulkheads let that many calls through. 8 MiB allows ~19,000.
+pub const CONNECTION_WINDOW: u32 = 8 << 20;
 /// A downstream that cannot be reached as configured.
 #[derive(Debug, thiserror::Error)]
 pub enum AddressError {
@@ -122,7 +130,7 @@ impl Downstreams {
             let mut endpoint = Endpoint::from(uri)
                 .connect_timeout(connect)
                 .tcp_nodelay(true)
-                .http2_adaptive_window(true);
+                .initial_connection_window_size(CONNECTION_WINDOW);
             if let (true, Some(tls)) = (https, &client_tls) {
                 endpoint = endpoint.tls_config(tls.clone())?;
             }

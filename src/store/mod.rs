@@ -50,7 +50,7 @@ pub use records::{
     Begin, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewJob, NewOrder,
     OrderRecord, OrderStatus, ParkedJob, Phase, StoreError, TimeLimit,
 };
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, limit_memory as limit_sqlite_memory};
 
 use std::sync::Arc;
 
@@ -78,6 +78,8 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn OrderStore>, StoreErro
             "store.database_url must start with postgres:// or postgresql://".to_owned(),
         )),
         None => {
+            let limit = u64::from(config.sqlite_memory_limit_mib) << 20;
+            limit_sqlite_memory(limit)?;
             let store = SqliteStore::open(
                 &config.data_dir,
                 config.sqlite_synchronous,

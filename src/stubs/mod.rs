@@ -58,6 +58,9 @@ use crate::proto::stub::v1::stub_control_server::{self, StubControlServer};
 use crate::proto::wallet::v1::wallet_service_server::{self, WalletServiceServer};
 use state::State;
 
+/// Streams the caller reset before they were accepted that one connection may have pending.
+const PENDING_ACCEPT_RESETS: usize = 1024;
+
 /// How long a stopping server waits for in-flight calls before it stops waiting. Hanging calls
 /// (`FAULT_HANG`, `FAULT_AMBIGUOUS`) never finish on their own; they end when their callers give up.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -174,7 +177,13 @@ async fn run(
 ) -> Result<(), StubError> {
     // Every call: the caller's trace context read from its headers (so the stub's server span
     // is a child of the orchestrator's client span), and its duration timed.
-    let mut builder = Server::builder().layer(crate::telemetry::ServerTraceLayer);
+    // A caller that hedges cancels the losing call (RST_STREAM), often before this server has
+    // accepted its stream. h2's default tolerates 20 such resets pending at once and then closes
+    // the connection (GOAWAY), failing every other call on it: in the soak at 1,100/s a short
+    // pause was enough. The stubs stand in for downstreams that allow hedging.
+    let mut builder = Server::builder()
+        .http2_max_pending_accept_reset_streams(Some(PENDING_ACCEPT_RESETS))
+        .layer(crate::telemetry::ServerTraceLayer);
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }

@@ -117,6 +117,23 @@ fn stable_plans(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Caps the memory SQLite keeps in this whole process at `bytes` (its soft heap limit: past
+/// it, SQLite reuses the least recently used cached pages of any connection instead of
+/// allocating more). Returns the limit now in force.
+pub fn limit_memory(bytes: u64) -> Result<u64, StoreError> {
+    let failed = |e: rusqlite::Error| {
+        StoreError::Unavailable(format!("cannot set SQLite's memory limit: {e}"))
+    };
+    // Any connection sets the process-wide limit; an in-memory one touches no file.
+    let conn = rusqlite::Connection::open_in_memory().map_err(failed)?;
+    let set: i64 = conn
+        .query_row(&format!("PRAGMA soft_heap_limit = {bytes}"), [], |row| {
+            row.get(0)
+        })
+        .map_err(failed)?;
+    Ok(set.max(0) as u64)
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) `<data_dir>/checkout.db` and applies the schema.
     ///
