@@ -25,6 +25,8 @@
 //! - [`config`]: every policy number, with the spec's defaults.
 //! - [`introspection`]: reflection and health, shared by both servers.
 //! - [`telemetry`]: logs, OpenTelemetry spans and trace-context propagation.
+//! - [`load`]: open- and closed-loop PlaceOrder load, shared by `loadgen` and the scenarios.
+//! - [`scenario`]: the seeds' incidents replayed against stubs and an orchestrator in-process.
 //! - [`cli`]: the `checkout` subcommands; [`proto`]: generated code.
 
 pub mod admission;
@@ -35,8 +37,10 @@ pub mod config;
 pub mod deadline;
 pub mod downstream;
 pub mod introspection;
+pub mod load;
 pub mod proto;
 pub mod readiness;
+pub mod scenario;
 pub mod server;
 pub mod store;
 pub mod stubs;

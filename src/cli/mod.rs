@@ -5,6 +5,7 @@ mod demo;
 mod loadgen;
 mod place;
 mod procfs;
+mod scenario;
 mod serve;
 mod signal;
 mod stubs;
@@ -36,6 +37,8 @@ enum Command {
     /// A naive fan-out orchestrator over the same stubs (no deadlines, store or telemetry):
     /// the benchmark baseline, not a product.
     Bare(bare::BareArgs),
+    /// Replay the seeds' incidents (`list`, a name, or `all`) in-process and judge them.
+    Scenario(scenario::ScenarioArgs),
 }
 
 /// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
@@ -44,7 +47,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(_) | Command::Serve(_) => Some(crate::telemetry::init("checkout")),
         Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs")),
         // The bare baseline has no telemetry on purpose: it is what serve is compared with.
-        Command::Place(_) | Command::Loadgen(_) | Command::Bare(_) => None,
+        Command::Place(_) | Command::Loadgen(_) | Command::Bare(_) | Command::Scenario(_) => None,
     };
     let result = match cli.command {
         Command::Demo(args) => demo::run(args).await,
@@ -53,6 +56,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Place(args) => place::run(args).await,
         Command::Loadgen(args) => loadgen::run(args).await,
         Command::Bare(args) => bare::run(args).await,
+        Command::Scenario(args) => scenario::run(args).await,
     };
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();
