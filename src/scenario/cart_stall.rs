@@ -68,7 +68,7 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
     report.check(
         "wallet calls (holds, lookups)",
         "0 (INC-4419: 1,400 phantom charges)",
-        format!("{wallet_calls}, {} wallet effects", wallet.holds_active),
+        format!("{wallet_calls} calls, {} holds", wallet.holds_active),
         wallet_calls == 0 && wallet.holds_active == 0,
     );
     report.check(

@@ -25,16 +25,25 @@ const RESCORE_WITHIN: Duration = Duration::from_secs(20);
 
 /// Runs the scenario.
 pub async fn run(options: &Options) -> Result<Report, ScenarioError> {
+    let mut report = Report::new("fraud-timeout");
+    // Two rigs: the timeouts of the first part open fraud's breaker, which would keep the
+    // second part's fraud calls from being sent at all.
     let rig = Rig::start(options.config.clone()).await?;
-    let result = drive(&rig, options).await;
+    let result = time_out(&rig, options, &mut report).await;
     rig.stop().await?;
-    result
+    result?;
+    let rig = Rig::start(options.config.clone()).await?;
+    let result = abandon(&rig, options, &mut report).await;
+    rig.stop().await?;
+    result?;
+    Ok(report)
 }
 
-async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
+/// Fraud hangs: the hold goes ahead, the caller gets PENDING FRAUD_REVIEW in time, and the
+/// worker confirms once fraud answers again.
+async fn time_out(rig: &Rig, options: &Options, report: &mut Report) -> Result<(), ScenarioError> {
     let orders = options.pick(50, 5);
     let abandoned = options.pick(10, 3);
-    let mut report = Report::new("fraud-timeout");
     report.setup(format!(
         "{orders} orders with fraud Score hanging, deadline {} ms; then {abandoned} callers \
          disconnecting at {} ms with fraud and inventory slow",
@@ -103,12 +112,17 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
         confirmed.is_some(),
     );
 
-    // The cascading cancel.
+    Ok(())
+}
+
+/// The cascading cancel: callers leave at 80 ms while fraud and inventory are in flight.
+async fn abandon(rig: &Rig, options: &Options, report: &mut Report) -> Result<(), ScenarioError> {
+    let abandoned = options.pick(10, 3);
     rig.configure("fraud", "Score", rig::latency(1_000)).await?;
     rig.configure("inventory", "Reserve", rig::latency(1_000))
         .await?;
     let fraud_cap = rig.config.steps.fraud.cap;
-    let (mut in_flight, mut cancelled, mut holds, mut slowest_cancel, mut declined) =
+    let (mut fraud_calls, mut inventory_calls, mut holds, mut slowest_cancel, mut declined) =
         (0, 0, 0, Duration::ZERO, 0);
     // Orders whose calls were still running 3 s after the caller left.
     let mut lingering = 0;
@@ -132,17 +146,18 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
                     Ok(f(&rig::method_of(&now, service, method)?)
                         - f(&rig::method_of(&before, service, method)?))
                 };
-                let sent = delta("fraud", "Score", |m| m.received)?
-                    + delta("inventory", "Reserve", |m| m.received)?;
+                let fraud = delta("fraud", "Score", |m| m.received)?;
+                let inventory = delta("inventory", "Reserve", |m| m.received)?;
                 let gone = delta("fraud", "Score", |m| m.cancelled)?
                     + delta("inventory", "Reserve", |m| m.cancelled)?;
                 let hold = delta("wallet", "Hold", |m| m.received)?;
-                Ok((gone == sent).then_some((sent, started.elapsed(), hold)))
+                Ok((gone == fraud + inventory)
+                    .then_some(((fraud, inventory), started.elapsed(), hold)))
             })
             .await?;
-        if let Some((sent, after, hold)) = ended {
-            in_flight += sent;
-            cancelled += sent;
+        if let Some(((fraud, inventory), after, hold)) = ended {
+            fraud_calls += fraud;
+            inventory_calls += inventory;
             holds += hold;
             slowest_cancel = slowest_cancel.max(after);
         } else {
@@ -163,12 +178,12 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
         "caller gone at 80 ms: branches cancelled",
         "every in-flight call aborted",
         format!(
-            "{cancelled} of {in_flight} in-flight calls cancelled, all by {} (fraud cap {}); \
-             {lingering} orders' calls still running after 3 s",
+            "fraud {fraud_calls}/{abandoned}, inventory {inventory_calls}/{abandoned} sent, all \
+             cancelled by {} (fraud cap {}); {lingering} orders' calls still running after 3 s",
             ms(slowest_cancel),
             ms(fraud_cap)
         ),
-        in_flight > 0 && lingering == 0 && slowest_cancel < fraud_cap,
+        fraud_calls > 0 && lingering == 0 && slowest_cancel < fraud_cap,
     );
     report.check(
         "  ... no hold, DECLINED CALLER_ABANDONED",
@@ -176,5 +191,5 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
         format!("{holds} holds; {declined} of {abandoned} CALLER_ABANDONED"),
         holds == 0 && declined == abandoned,
     );
-    Ok(report)
+    Ok(())
 }

@@ -125,6 +125,12 @@ async fn drive(rig: &Rig) -> Result<Report, ScenarioError> {
     let resolved_text = resolved
         .as_ref()
         .map_or_else(|| "still PENDING".to_owned(), outcome_of);
+    // And its follow-up work (the capture) is done.
+    rig.poll(RESOLVE_WITHIN, || async {
+        let (wallet, worker) = (rig.wallet().await?, rig.worker().await?);
+        Ok((wallet.holds_active == 0 && worker.jobs_pending == 0).then_some(()))
+    })
+    .await?;
     let effects = rig.wallet_effects().await?;
     let holds = effects.iter().filter(|e| e.method == "Hold").count();
     let captures = effects.iter().filter(|e| e.method == "Capture").count();
@@ -132,7 +138,7 @@ async fn drive(rig: &Rig) -> Result<Report, ScenarioError> {
         "resolved through the stable reference",
         "COMMITTED, one capture",
         format!("{resolved_text}; {holds} hold(s), {captures} capture(s)"),
-        resolved.is_some() && holds <= 1 && captures <= 1,
+        resolved.is_some() && holds == 1 && captures <= 1,
     );
 
     let (again, _) = rig.place(op.clone(), DEADLINE).await;
