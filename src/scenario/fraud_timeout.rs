@@ -151,8 +151,11 @@ async fn abandon(rig: &Rig, options: &Options, report: &mut Report) -> Result<()
                 let gone = delta("fraud", "Score", |m| m.cancelled)?
                     + delta("inventory", "Reserve", |m| m.cancelled)?;
                 let hold = delta("wallet", "Hold", |m| m.received)?;
-                Ok((gone == fraud + inventory)
-                    .then_some(((fraud, inventory), started.elapsed(), hold)))
+                Ok((gone == fraud + inventory).then_some((
+                    (fraud, inventory),
+                    started.elapsed(),
+                    hold,
+                )))
             })
             .await?;
         if let Some(((fraud, inventory), after, hold)) = ended {
