@@ -79,12 +79,7 @@ async fn serve_probed(
     store: Arc<dyn OrderStore>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let downstreams = Downstreams::connect_lazy(
-        &config.downstream,
-        &config.steps,
-        config.downstream_tls.as_ref(),
-        &config.breaker,
-    )?;
+    let downstreams = Downstreams::connect_lazy(&config)?;
     // Read before anything is served, so that a bad certificate stops the start.
     let tls = config
         .tls
@@ -98,11 +93,10 @@ async fn serve_probed(
         downstreams.clone(),
         Arc::clone(&store),
     ));
-    let worker = Arc::new(Worker::new(
-        Arc::clone(&config),
-        downstreams,
-        Arc::clone(&store),
-    ));
+    let worker = Arc::new(
+        Worker::new(Arc::clone(&config), downstreams, Arc::clone(&store))
+            .yielding_to(orchestrator.limiter().clone()),
+    );
 
     let mut routes = RoutesBuilder::default();
     let health = introspection::add_to(&mut routes)?;

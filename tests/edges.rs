@@ -239,6 +239,9 @@ async fn a_job_failing_for_park_after_is_parked_and_requeued_by_an_operator() {
         c.worker.backoff_base = Duration::from_millis(20);
         c.worker.backoff_cap = Duration::from_millis(100);
         c.retry_budget.floor_per_second = 1_000;
+        // The wallet's breaker opens during the outage; keep it open for less than park_after,
+        // or the re-queued job would park again before a probe could be sent.
+        c.breaker.open_interval = Duration::from_millis(200);
     })
     .await;
     h.configure("wallet", "Capture", behavior(0, Fault::Unavailable))
@@ -266,7 +269,11 @@ async fn a_job_failing_for_park_after_is_parked_and_requeued_by_an_operator() {
         parked.failing_since.is_some() && parked.attempts >= 2,
         "{parked:?}"
     );
-    assert!(parked.last_error.contains("Unavailable"), "{parked:?}");
+    // Sent and refused, or (once the wallet's breaker opened) not sent at all.
+    assert!(
+        parked.last_error.contains("Unavailable") || parked.last_error.contains("breaker open"),
+        "{parked:?}"
+    );
     assert_eq!(
         h.get(&placed.order_id).await.parked_jobs,
         ["wallet_capture"]
@@ -330,10 +337,11 @@ async fn releases_are_not_starved_by_captures_when_the_retry_budget_is_spent() {
         let placed = h.place_ok(denied, SECOND).await;
         assert_eq!(placed.reason, "FRAUD_DENIED");
     }
-    // Every release has failed once; captures are failing and retrying.
+    // Every release has failed once; every capture has failed (and the wallet's breaker may
+    // have opened, so retries are refused before they are sent).
     h.method_until("inventory", "Release", 10 * SECOND, |m| m.errors >= 3)
         .await;
-    h.method_until("wallet", "Capture", 10 * SECOND, |m| m.errors >= 25)
+    h.method_until("wallet", "Capture", 10 * SECOND, |m| m.errors >= 20)
         .await;
     h.configure("inventory", "Release", behavior(0, Fault::None))
         .await;

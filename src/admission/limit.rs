@@ -324,8 +324,11 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// The algorithm's tests use a low floor, where its moves are easy to see.
     fn policy() -> AdmissionPolicy {
         AdmissionPolicy {
+            initial_limit: 64,
+            min_limit: 8,
             min_rtt_jitter: Duration::ZERO,
             min_rtt_interval: Duration::from_secs(3600),
             ..AdmissionPolicy::default()

@@ -55,11 +55,15 @@ pub struct AdmissionPolicy {
 }
 
 impl Default for AdmissionPolicy {
+    /// `min_limit` is 64: the limit sits there while the no-load latency is measured, so it must
+    /// hold the orders a healthy peak keeps in flight (1,100/s × ~30 ms ≈ 33 here), or every
+    /// re-measurement would refuse healthy traffic; and 64 orders in flight already keep this
+    /// service's CPU busy, so a lower floor would not buy shorter queues.
     fn default() -> Self {
         Self {
             enabled: true,
-            initial_limit: 64,
-            min_limit: 8,
+            initial_limit: 128,
+            min_limit: 64,
             max_limit: 1000,
             smoothing: 0.2,
             tolerance: 1.5,
@@ -544,6 +548,8 @@ mod tests {
     fn the_gradient_limiter_learns_and_reports_the_expected_wait() {
         let policy = AdmissionPolicy {
             min_rtt_jitter: Duration::ZERO,
+            initial_limit: 64,
+            min_limit: 8,
             ..AdmissionPolicy::default()
         };
         let t0 = Instant::now();
@@ -598,7 +604,7 @@ mod tests {
         let policy = AdmissionPolicy::default();
         policy.validate().expect("defaults are valid");
         let parsed: AdmissionPolicy = toml::from_str(
-            "enabled = true\ninitial_limit = 64\nmin_limit = 8\nmax_limit = 1000\n\
+            "enabled = true\ninitial_limit = 128\nmin_limit = 64\nmax_limit = 1000\n\
              smoothing = 0.2\ntolerance = 1.5\nsample_window = \"250ms\"\n\
              samples_per_window = 10\nsample_percentile = 90.0\nmin_rtt_interval = \"30s\"\n\
              min_rtt_jitter = \"3s\"\nmin_rtt_samples = 25\ndrop_backoff = 0.9\n\

@@ -31,6 +31,16 @@ pub enum CheckoutError {
     /// The deadline cannot fit the admission floor; nothing was recorded or sent.
     #[error(transparent)]
     DeadlineTooShort(#[from] TooShort),
+    /// Shed at admission: the service cannot answer this request well now. Nothing was
+    /// recorded or sent; the caller may retry after `retry_after` (with the same key, or a new
+    /// one: nothing exists under it).
+    #[error("overloaded ({cause}); nothing was recorded or sent, retry after {retry_after:?}")]
+    Overloaded {
+        /// Why, for the caller and for metrics.
+        cause: Overload,
+        /// When to try again.
+        retry_after: Duration,
+    },
     /// The order could not be recorded, so nothing was sent. The store's own words stay in
     /// the logs: they can name databases and hosts.
     #[error(
@@ -51,6 +61,53 @@ pub enum CheckoutError {
     /// A bug: a task panicked.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// Why a request was shed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overload {
+    /// As many orders are in flight as the adaptive concurrency limit allows.
+    ConcurrencyLimit {
+        /// The limit at the time.
+        limit: usize,
+    },
+    /// The queueing the service is adding now exceeds what the request's deadline leaves
+    /// beyond the shortest path: it would only come back PENDING `BUDGET_EXHAUSTED`.
+    QueueingExceedsSlack {
+        /// The expected queueing.
+        expected_wait: Duration,
+        /// The request's slack.
+        slack: Duration,
+    },
+}
+
+impl Overload {
+    /// The `ErrorInfo` metadata value and metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConcurrencyLimit { .. } => "concurrency_limit",
+            Self::QueueingExceedsSlack { .. } => "queueing_exceeds_slack",
+        }
+    }
+}
+
+impl std::fmt::Display for Overload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ConcurrencyLimit { limit } => {
+                write!(f, "{limit} orders in flight, the current limit")
+            }
+            Self::QueueingExceedsSlack {
+                expected_wait,
+                slack,
+            } => write!(
+                f,
+                "expected queueing of {} ms exceeds the {} ms this deadline leaves beyond the shortest path",
+                expected_wait.as_millis(),
+                slack.as_millis()
+            ),
+        }
+    }
 }
 
 /// The violations as one sentence: `customer_id is required; cart_id is at most 128 bytes`.
@@ -101,6 +158,15 @@ impl From<CheckoutError> for Status {
                     tonic::metadata::MetadataValue::from_static("true"),
                 );
                 status
+            }
+            CheckoutError::Overloaded { cause, retry_after } => {
+                let mut details = ErrorDetails::with_error_info(
+                    "OVERLOADED",
+                    ERROR_DOMAIN,
+                    [("cause".to_owned(), cause.as_str().to_owned())],
+                );
+                details.set_retry_info(Some(retry_after));
+                Status::with_error_details(Code::ResourceExhausted, message, details)
             }
             CheckoutError::StoreUnavailable {
                 source,

@@ -26,27 +26,26 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::Code;
 use tracing::Instrument;
 
-use super::{CheckoutError, OrderRequest, Reason, Verdict};
+use super::steps::{Cart, Fraud, Lookup, StepCalls, Stock};
+use super::{CheckoutError, OrderRequest, Overload, Reason, Verdict};
+use crate::admission::{AdaptiveLimiter, Permit};
 use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
 use crate::config::{Config, FraudOnTimeout};
 use crate::deadline::{Deadline, now_ms};
-use crate::downstream::{
-    CallClass, CallError, Downstreams, HoldOutcome, HoldTerms, classify_hold, error_reason,
-};
-use crate::proto::{
-    cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
-};
+use crate::downstream::{CallClass, Downstreams, HoldOutcome};
+use crate::proto::{inventory::v1 as inventory, wallet::v1 as wallet};
 use crate::store::{
     Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
 };
 
-/// Places orders: owns the policy, the downstream clients and the store.
+/// Places orders: owns the policy, the admission limit, the downstream clients and the store.
 pub struct Orchestrator {
     config: Arc<Config>,
     budgeter: Budgeter,
+    /// Load shedding: the adaptive concurrency limit on orders in flight.
+    limiter: AdaptiveLimiter,
     downstreams: Downstreams,
     store: Arc<dyn OrderStore>,
     /// Operations in flight, so shutdown can let them finish within their own deadlines.
@@ -84,6 +83,7 @@ impl Orchestrator {
     pub fn new(config: Arc<Config>, downstreams: Downstreams, store: Arc<dyn OrderStore>) -> Self {
         Self {
             budgeter: Budgeter::new(&config),
+            limiter: AdaptiveLimiter::new(&config.admission),
             config,
             downstreams,
             store,
@@ -101,6 +101,39 @@ impl Orchestrator {
         &self.store
     }
 
+    /// The admission limit (the worker yields to the request path while it sheds).
+    pub fn limiter(&self) -> &AdaptiveLimiter {
+        &self.limiter
+    }
+
+    /// Sheds what the service cannot answer well now (SPEC §10 admission control): past the
+    /// adaptive concurrency limit, or when the queueing the service adds already exceeds the
+    /// request's slack beyond the shortest path. A refused request is neither recorded nor sent.
+    fn admit_load(&self, deadline: &Deadline) -> Result<Permit, CheckoutError> {
+        let retry_after = self.limiter.retry_after();
+        let slack = deadline
+            .remaining()
+            .saturating_sub(self.budgeter.admission_floor());
+        let expected_wait = self.limiter.expected_wait();
+        if expected_wait > slack {
+            return Err(CheckoutError::Overloaded {
+                cause: Overload::QueueingExceedsSlack {
+                    expected_wait,
+                    slack,
+                },
+                retry_after,
+            });
+        }
+        self.limiter
+            .try_acquire()
+            .map_err(|refused| CheckoutError::Overloaded {
+                cause: Overload::ConcurrencyLimit {
+                    limit: refused.limit,
+                },
+                retry_after,
+            })
+    }
+
     /// Places one order under `deadline`. Admission is decided here, synchronously, before
     /// anything is recorded or sent. The answer comes by `deadline − return_reserve` at the
     /// latest. If the returned future is dropped (the caller went away) before it has the
@@ -111,6 +144,7 @@ impl Orchestrator {
         deadline: Deadline,
     ) -> Result<Placed, CheckoutError> {
         self.budgeter.admit(&deadline)?;
+        let permit = self.admit_load(&deadline)?;
         let abandoned = CancellationToken::new();
         let on_drop = abandoned.clone().drop_guard();
         let waterfall = Waterfall::new(deadline.started());
@@ -127,7 +161,7 @@ impl Orchestrator {
         // The operation outlives this future if the caller leaves; it keeps the caller's span.
         self.operations.spawn(
             operation
-                .run(request, answer_tx, delivered_rx)
+                .run(request, permit, answer_tx, delivered_rx)
                 .instrument(tracing::Span::current()),
         );
         let answer_by = tokio::time::Instant::from_std(self.budgeter.answer_by(&deadline));
@@ -191,13 +225,25 @@ struct Operation {
 impl Operation {
     /// Runs the order, hands the answer to the handler, and — if the handler is gone before it
     /// took the answer of an order this call decided — undoes the decision as an abandonment.
+    /// The admission `permit` is held until the operation ends (work the handler stopped
+    /// waiting for still occupies the service) and reports its latency, or a drop when the
+    /// answer had to come from the deadline timer.
     async fn run(
         self,
         request: OrderRequest,
+        permit: Permit,
         answer: oneshot::Sender<Result<Placed, CheckoutError>>,
         delivered: oneshot::Receiver<()>,
     ) {
         let result = self.operate(request).await;
+        let out_of_time = self.progress.answered()
+            || matches!(&result, Ok((placed, _)) if placed.record.reason == Reason::BudgetExhausted.as_str());
+        if out_of_time {
+            permit.dropped();
+        } else {
+            let rtt = permit.acquired_at().elapsed();
+            permit.complete(rtt);
+        }
         let decided = match &result {
             Ok((placed, true)) if placed.record.status != OrderStatus::Declined => {
                 Some(placed.record.order.order_id.clone())
@@ -464,35 +510,28 @@ impl Run<'_> {
         }
     }
 
+    /// The calls of this order's steps.
+    fn calls(&self) -> StepCalls<'_> {
+        StepCalls::new(&self.orchestrator.downstreams, self.order)
+    }
+
     /// The frozen total and the items to reserve.
     async fn freeze_cart(&self) -> Result<(Money, Vec<inventory::Item>), Verdict> {
         let policy = &self.orchestrator.config.retry_after;
         let Some((began, budget)) = self.allot(Step::Cart) else {
             return Err(Verdict::budget_exhausted(policy));
         };
-        let request = cart::FreezeCartRequest {
-            cart_id: self.order.cart_id.clone(),
-            customer_id: self.order.customer_id.clone(),
-            reference: self.order.order_id.clone(),
-        };
-        let result = self
-            .orchestrator
-            .downstreams
-            .freeze_cart(&budget, self.abandoned, request)
-            .await;
-        self.waterfall
-            .record(Step::Cart, began, budget.timeout(), outcome_of(&result));
-        match result {
-            Ok(frozen) => {
-                frozen_cart(frozen).ok_or_else(|| Verdict::because(Reason::CartUnavailable, policy))
-            }
-            Err(error) if error.class() == CallClass::Cancelled => {
+        let called = self.calls().freeze_cart(&budget, self.abandoned).await;
+        called.record(self.waterfall, Step::Cart, began, &budget);
+        match called.outcome {
+            Cart::Frozen { total, items } => Ok((total, items)),
+            Cart::NotFound => Err(Verdict::because(Reason::CartNotFound, policy)),
+            Cart::Failed(error) if error.class() == CallClass::Cancelled => {
                 Err(Verdict::because(Reason::CallerAbandoned, policy))
             }
-            Err(error) if error.code() == Some(Code::NotFound) => {
-                Err(Verdict::because(Reason::CartNotFound, policy))
+            Cart::Unusable | Cart::Failed(_) => {
+                Err(Verdict::because(Reason::CartUnavailable, policy))
             }
-            Err(_) => Err(Verdict::because(Reason::CartUnavailable, policy)),
         }
     }
 
@@ -532,34 +571,14 @@ impl Run<'_> {
         let Some((began, budget)) = self.allot(Step::Fraud) else {
             return FraudResult::NotSent;
         };
-        let request = fraud::ScoreRequest {
-            reference: self.order.order_id.clone(),
-            customer_id: self.order.customer_id.clone(),
-            wallet_account_id: self.order.wallet_account_id.clone(),
-            currency: total.currency.clone(),
-            amount_minor_units: total.minor_units,
-        };
-        let result = self
-            .orchestrator
-            .downstreams
-            .score(&budget, cancel, request)
-            .await;
-        let (outcome, verdict) = match &result {
-            Ok(r) if r.verdict() == fraud::Verdict::Deny => {
-                (StepOutcome::Rejected, FraudResult::Denied)
-            }
-            Ok(r) if r.verdict() == fraud::Verdict::Approve => {
-                (StepOutcome::Ok, FraudResult::Approved)
-            }
-            Ok(_) => (StepOutcome::Ambiguous, FraudResult::NoAnswer),
-            Err(e) if e.class() == CallClass::Cancelled => {
-                (StepOutcome::Cancelled, FraudResult::Cancelled)
-            }
-            Err(_) => (outcome_of(&result), FraudResult::NoAnswer),
-        };
-        self.waterfall
-            .record(Step::Fraud, began, budget.timeout(), outcome);
-        verdict
+        let called = self.calls().score(&budget, cancel, total).await;
+        called.record(self.waterfall, Step::Fraud, began, &budget);
+        match called.outcome {
+            Fraud::Approved => FraudResult::Approved,
+            Fraud::Denied => FraudResult::Denied,
+            Fraud::Failed(e) if e.class() == CallClass::Cancelled => FraudResult::Cancelled,
+            Fraud::NoVerdict | Fraud::Failed(_) => FraudResult::NoAnswer,
+        }
     }
 
     async fn reserve(
@@ -570,28 +589,14 @@ impl Run<'_> {
         let Some((began, budget)) = self.allot(Step::Inventory) else {
             return InventoryResult::NotSent;
         };
-        let request = inventory::ReserveRequest {
-            reference: self.order.order_id.clone(),
-            items,
-        };
-        let result = self
-            .orchestrator
-            .downstreams
-            .reserve(&budget, cancel, request)
-            .await;
-        self.waterfall.record(
-            Step::Inventory,
-            began,
-            budget.timeout(),
-            outcome_of(&result),
-        );
-        match result {
-            Ok(_) => InventoryResult::Reserved,
-            Err(CallError::Status(s)) if error_reason(&s).as_deref() == Some("OUT_OF_STOCK") => {
-                InventoryResult::OutOfStock
-            }
-            Err(e) if e.class() == CallClass::Cancelled => InventoryResult::Cancelled,
-            Err(_) => InventoryResult::Failed,
+        let called = self.calls().reserve(&budget, cancel, items).await;
+        called.record(self.waterfall, Step::Inventory, began, &budget);
+        match called.outcome {
+            Stock::Reserved => InventoryResult::Reserved,
+            Stock::OutOfStock => InventoryResult::OutOfStock,
+            Stock::Failed(e) if e.class() == CallClass::Cancelled => InventoryResult::Cancelled,
+            // A refused (not sent) reservation cannot hold stock; the release job is harmless.
+            Stock::Failed(_) => InventoryResult::Failed,
         }
     }
 
@@ -600,29 +605,9 @@ impl Run<'_> {
         let Some((began, budget)) = self.allot(Step::WalletHold) else {
             return Verdict::budget_exhausted(policy).with_total(Some(total));
         };
-        let request = wallet::HoldRequest {
-            reference: self.order.order_id.clone(),
-            account_id: self.order.wallet_account_id.clone(),
-            amount: Some(wallet::Money {
-                currency: total.currency.clone(),
-                minor_units: total.minor_units,
-            }),
-        };
-        let terms = HoldTerms::of(&request);
-        let outcome = classify_hold(
-            self.orchestrator
-                .downstreams
-                .hold(&budget, self.abandoned, request)
-                .await,
-            &terms,
-        );
-        self.waterfall.record(
-            Step::WalletHold,
-            began,
-            budget.timeout(),
-            hold_step_outcome(&outcome),
-        );
-        let outcome = match outcome {
+        let called = self.calls().hold(&budget, self.abandoned, &total).await;
+        called.record(self.waterfall, Step::WalletHold, began, &budget);
+        let outcome = match called.outcome {
             HoldOutcome::Ambiguous => self.lookup().await,
             other => other,
         };
@@ -634,22 +619,15 @@ impl Run<'_> {
         let Some((began, budget)) = self.allot(Step::WalletLookup) else {
             return HoldOutcome::Ambiguous;
         };
-        let result = self
-            .orchestrator
-            .downstreams
-            .lookup_hold(&budget, self.abandoned, &self.order.order_id)
-            .await;
-        self.waterfall.record(
-            Step::WalletLookup,
-            began,
-            budget.timeout(),
-            outcome_of(&result),
-        );
-        match result {
-            Ok(hold) if hold.state() != wallet::HoldState::Released => HoldOutcome::Success {
-                hold_id: hold.hold_id,
-            },
-            Err(e) if e.class() == CallClass::Cancelled => HoldOutcome::Cancelled,
+        let called = self.calls().lookup(&budget, self.abandoned).await;
+        called.record(self.waterfall, Step::WalletLookup, began, &budget);
+        match called.outcome {
+            Lookup::Found(hold) if hold.state() != wallet::HoldState::Released => {
+                HoldOutcome::Success {
+                    hold_id: hold.hold_id,
+                }
+            }
+            Lookup::Failed(e) if e.class() == CallClass::Cancelled => HoldOutcome::Cancelled,
             // Not found yet, or no answer: the hold may still land. The reconciler will know.
             _ => HoldOutcome::Ambiguous,
         }
@@ -683,51 +661,6 @@ impl Run<'_> {
                 v
             }
         }
-    }
-}
-
-/// A frozen cart's total and the items to reserve; `None` if the cart's answer is unusable.
-pub fn frozen_cart(frozen: cart::FreezeCartResponse) -> Option<(Money, Vec<inventory::Item>)> {
-    let total = frozen
-        .total
-        .filter(|t| t.minor_units >= 0 && !t.currency.is_empty())?;
-    let items = frozen
-        .lines
-        .into_iter()
-        .map(|line| inventory::Item {
-            sku: line.sku,
-            quantity: line.quantity,
-        })
-        .collect();
-    Some((
-        Money {
-            currency: total.currency,
-            minor_units: total.minor_units,
-        },
-        items,
-    ))
-}
-
-/// The waterfall outcome of a call.
-pub fn outcome_of<T>(result: &Result<T, CallError>) -> StepOutcome {
-    match result {
-        Ok(_) => StepOutcome::Ok,
-        Err(e) => match e.class() {
-            CallClass::Rejected => StepOutcome::Rejected,
-            CallClass::Unavailable => StepOutcome::Unavailable,
-            CallClass::Ambiguous => StepOutcome::Ambiguous,
-            CallClass::Cancelled => StepOutcome::Cancelled,
-        },
-    }
-}
-
-fn hold_step_outcome(outcome: &HoldOutcome) -> StepOutcome {
-    match outcome {
-        HoldOutcome::Success { .. } => StepOutcome::Ok,
-        HoldOutcome::Rejected(_) => StepOutcome::Rejected,
-        HoldOutcome::Unavailable => StepOutcome::Unavailable,
-        HoldOutcome::Ambiguous => StepOutcome::Ambiguous,
-        HoldOutcome::Cancelled => StepOutcome::Cancelled,
     }
 }
 

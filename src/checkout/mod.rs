@@ -6,14 +6,16 @@ mod flow;
 mod reason;
 mod request;
 mod service;
+mod steps;
 mod verdict;
 
-pub use error::{CheckoutError, ERROR_DOMAIN, X_DEADLINE_EXCEEDED};
-pub use flow::{Orchestrator, Placed, frozen_cart, millis, outcome_of};
+pub use error::{CheckoutError, ERROR_DOMAIN, Overload, X_DEADLINE_EXCEEDED};
+pub use flow::{Orchestrator, Placed, millis};
 pub use reason::Reason;
 pub use request::{
     FieldViolation, OrderRequest, X_CLIENT_ID, caller_scope, is_key, is_order_id, new_order_id,
     scope,
 };
 pub use service::{CheckoutApi, order_to_proto};
+pub use steps::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock, frozen_cart};
 pub use verdict::Verdict;

@@ -19,10 +19,10 @@ pub use breaker::{Breaker, BreakerPolicy, BreakerState};
 pub use bulkhead::{Bulkhead, validate_max_concurrency};
 pub use call::{CallError, Guards, Refusal, Rpc};
 pub use classify::{CallClass, HoldOutcome, HoldTerms, classify_hold, error_reason};
-pub use hedge::{HedgePolicy, Hedger};
+pub use hedge::{Attempt, HedgePolicy, Hedger};
 
 use crate::budget::ChildBudget;
-use crate::config::{DownstreamAddrs, DownstreamTlsConfig, Steps, downstream_uri};
+use crate::config::{Config, DownstreamTlsConfig, downstream_uri};
 use crate::proto::{
     cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
 };
@@ -45,6 +45,48 @@ pub enum AddressError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// The hedging of each duplicate-safe step; `None` where the step does not hedge
+/// (`steps.<step>.hedge = false`).
+#[derive(Debug)]
+pub struct Hedgers {
+    cart: Option<Hedger>,
+    fraud: Option<Hedger>,
+    wallet_lookup: Option<Hedger>,
+}
+
+impl Hedgers {
+    /// A hedger for each step of `config` that hedges.
+    pub fn new(config: &Config) -> Self {
+        let now = std::time::Instant::now();
+        let hedger = |step| {
+            config
+                .steps
+                .hedges(step)
+                .then(|| Hedger::new(&config.hedge, now))
+        };
+        Self {
+            cart: hedger("cart"),
+            fraud: hedger("fraud"),
+            wallet_lookup: hedger("wallet_lookup"),
+        }
+    }
+
+    /// `cart.FreezeCart`'s.
+    pub fn cart(&self) -> Option<&Hedger> {
+        self.cart.as_ref()
+    }
+
+    /// `fraud.Score`'s.
+    pub fn fraud(&self) -> Option<&Hedger> {
+        self.fraud.as_ref()
+    }
+
+    /// `wallet.LookupByReference`'s.
+    pub fn wallet_lookup(&self) -> Option<&Hedger> {
+        self.wallet_lookup.as_ref()
+    }
+}
+
 /// Shared clients of cart, fraud, inventory and wallet.
 #[derive(Debug, Clone)]
 pub struct Downstreams {
@@ -52,6 +94,10 @@ pub struct Downstreams {
     channels: [Channel; 4],
     /// Bulkheads and breakers, shared by every clone.
     guards: Guards,
+    /// The hedging of the duplicate-safe steps, shared by every clone.
+    hedgers: std::sync::Arc<Hedgers>,
+    /// A backup call is never sent with less than this (`deadline.min_to_send`).
+    min_to_send: std::time::Duration,
     cart: CartServiceClient<Channel>,
     fraud: FraudServiceClient<Channel>,
     inventory: InventoryServiceClient<Channel>,
@@ -59,15 +105,16 @@ pub struct Downstreams {
 }
 
 impl Downstreams {
-    /// Builds one channel per service; an `https://` address uses `tls` (which must then be
-    /// set). Nothing connects until the first call, so the orchestrator starts (and answers
-    /// structured results) while a downstream is down.
-    pub fn connect_lazy(
-        addrs: &DownstreamAddrs,
-        steps: &Steps,
-        tls: Option<&DownstreamTlsConfig>,
-        breaker: &BreakerPolicy,
-    ) -> Result<Self, AddressError> {
+    /// Builds one channel per service of `config.downstream`; an `https://` address uses
+    /// `downstream_tls` (which must then be set). Nothing connects until the first call (or
+    /// [`Downstreams::warm_up`]), so the orchestrator starts (and answers structured results)
+    /// while a downstream is down.
+    pub fn connect_lazy(config: &Config) -> Result<Self, AddressError> {
+        let (addrs, steps, tls) = (
+            &config.downstream,
+            &config.steps,
+            config.downstream_tls.as_ref(),
+        );
         let client_tls = tls.map(DownstreamTlsConfig::client).transpose()?;
         let channel = |key: &'static str, addr: &str, connect| -> Result<Channel, AddressError> {
             let uri = downstream_uri(key, addr, client_tls.is_some())?;
@@ -94,7 +141,9 @@ impl Downstreams {
             steps.wallet_hold.connect,
         )?;
         Ok(Self {
-            guards: Guards::new(steps, breaker),
+            guards: Guards::new(steps, &config.breaker),
+            hedgers: std::sync::Arc::new(Hedgers::new(config)),
+            min_to_send: config.deadline.min_to_send,
             channels: [
                 cart.clone(),
                 fraud.clone(),
@@ -137,6 +186,16 @@ impl Downstreams {
     /// The bulkheads and breakers, for metrics.
     pub fn guards(&self) -> &Guards {
         &self.guards
+    }
+
+    /// The hedging of the duplicate-safe steps.
+    pub fn hedgers(&self) -> &Hedgers {
+        &self.hedgers
+    }
+
+    /// The least budget a call (a backup included) is sent with.
+    pub fn min_to_send(&self) -> std::time::Duration {
+        self.min_to_send
     }
 
     /// `cart.v1.CartService/FreezeCart`.

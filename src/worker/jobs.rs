@@ -8,15 +8,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 use crate::budget::{Budgeter, Step};
-use crate::checkout::{Reason, Verdict, frozen_cart, millis};
+use crate::checkout::{Cart, Fraud, Lookup, Reason, StepCalls, Stock, Verdict, millis};
 use crate::config::Config;
 use crate::deadline::{Deadline, now_ms};
-use crate::downstream::{
-    CallClass, CallError, Downstreams, HoldOutcome, HoldTerms, classify_hold, error_reason,
-};
-use crate::proto::{
-    cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
-};
+use crate::downstream::{CallClass, CallError, Downstreams, HoldOutcome};
+use crate::proto::wallet::v1 as wallet;
 use crate::store::{JobKind, Money, OrderRecord, OrderStatus, OrderStore, Phase, TimeLimit};
 
 /// How an attempt ended, before it is written.
@@ -79,7 +75,7 @@ pub struct Attempt<'a> {
     pub stop: &'a CancellationToken,
 }
 
-impl Attempt<'_> {
+impl<'a> Attempt<'a> {
     /// Runs one attempt of `kind` for `order`.
     pub async fn run(&self, kind: JobKind, order: &OrderRecord) -> Result<Handled, JobError> {
         match kind {
@@ -97,6 +93,14 @@ impl Attempt<'_> {
         self.budgeter
             .allot_background(&self.deadline, step)
             .map_err(|e| JobError::Transient(e.to_string()))
+    }
+
+    /// The step calls of `order`.
+    fn calls<'o>(&self, order: &'o OrderRecord) -> StepCalls<'o>
+    where
+        'a: 'o,
+    {
+        StepCalls::new(self.downstreams, &order.order)
     }
 
     fn reference<'o>(&self, order: &'o OrderRecord) -> &'o str {
@@ -122,31 +126,23 @@ impl Attempt<'_> {
         let hold_may_exist = order.phase == Phase::HoldSent || order.hold_sent_at_ms.is_some();
         let o = &order.order;
 
-        let frozen = self
-            .downstreams
-            .freeze_cart(
-                &self.budget(Step::Cart)?,
-                self.stop,
-                cart::FreezeCartRequest {
-                    cart_id: o.cart_id.clone(),
-                    customer_id: o.customer_id.clone(),
-                    reference: o.order_id.clone(),
-                },
-            )
-            .await;
+        let calls = self.calls(order);
+        let budget = self.budget(Step::Cart)?;
         let declined = |reason, total: Option<Money>| {
             Verdict::because(reason, policy)
                 .with_total(total)
                 .then(JobKind::InventoryRelease)
                 .then_if(hold_may_exist, JobKind::WalletRelease)
         };
-        let (total, items) = match frozen {
-            Ok(frozen) => frozen_cart(frozen)
-                .ok_or_else(|| JobError::Transient("cart answered without a total".into()))?,
-            Err(e) if e.code() == Some(Code::NotFound) => {
+        let (total, items) = match calls.freeze_cart(&budget, self.stop).await.outcome {
+            Cart::Frozen { total, items } => (total, items),
+            Cart::Unusable => {
+                return Err(JobError::Transient("cart answered without a total".into()));
+            }
+            Cart::NotFound => {
                 return Ok(Handled::Done(Some(declined(Reason::CartNotFound, None))));
             }
-            Err(e) => return Err(JobError::call("cart", &e)),
+            Cart::Failed(e) => return Err(JobError::call("cart", &e)),
         };
         if o.expected_total
             .as_ref()
@@ -158,50 +154,33 @@ impl Attempt<'_> {
             ))));
         }
 
-        let score = self
-            .downstreams
-            .score(
-                &self.budget(Step::Fraud)?,
-                self.stop,
-                score_request(order, &total),
-            )
-            .await
-            .map_err(|e| JobError::call("fraud", &e))?;
-        match score.verdict() {
-            fraud::Verdict::Deny => {
+        let budget = self.budget(Step::Fraud)?;
+        match calls.score(&budget, self.stop, &total).await.outcome {
+            Fraud::Denied => {
                 return Ok(Handled::Done(Some(declined(
                     Reason::FraudDenied,
                     Some(total),
                 ))));
             }
-            fraud::Verdict::Approve => {}
-            fraud::Verdict::Unspecified => {
+            Fraud::Approved => {}
+            Fraud::NoVerdict => {
                 return Err(JobError::Transient(
                     "fraud answered without a verdict".into(),
                 ));
             }
+            Fraud::Failed(e) => return Err(JobError::call("fraud", &e)),
         }
 
-        let reserved = self
-            .downstreams
-            .reserve(
-                &self.budget(Step::Inventory)?,
-                self.stop,
-                inventory::ReserveRequest {
-                    reference: o.order_id.clone(),
-                    items,
-                },
-            )
-            .await;
-        match reserved {
-            Ok(_) => {}
-            Err(CallError::Status(s)) if error_reason(&s).as_deref() == Some("OUT_OF_STOCK") => {
+        let budget = self.budget(Step::Inventory)?;
+        match calls.reserve(&budget, self.stop, items).await.outcome {
+            Stock::Reserved => {}
+            Stock::OutOfStock => {
                 let v = Verdict::because(Reason::OutOfStock, policy)
                     .with_total(Some(total))
                     .then_if(hold_may_exist, JobKind::WalletRelease);
                 return Ok(Handled::Done(Some(v)));
             }
-            Err(e) => return Err(JobError::call("inventory", &e)),
+            Stock::Failed(e) => return Err(JobError::call("inventory", &e)),
         }
 
         if order.phase == Phase::Received {
@@ -226,21 +205,12 @@ impl Attempt<'_> {
         fraud_review: bool,
     ) -> Result<Handled, JobError> {
         let policy = &self.config.retry_after;
-        let request = wallet::HoldRequest {
-            reference: order.order.order_id.clone(),
-            account_id: order.order.wallet_account_id.clone(),
-            amount: Some(wallet::Money {
-                currency: total.currency.clone(),
-                minor_units: total.minor_units,
-            }),
-        };
-        let terms = HoldTerms::of(&request);
-        let outcome = classify_hold(
-            self.downstreams
-                .hold(&self.budget(Step::WalletHold)?, self.stop, request)
-                .await,
-            &terms,
-        );
+        let budget = self.budget(Step::WalletHold)?;
+        let outcome = self
+            .calls(order)
+            .hold(&budget, self.stop, &total)
+            .await
+            .outcome;
         let declined = |reason| {
             Verdict::because(reason, policy)
                 .with_total(Some(total.clone()))
@@ -275,29 +245,27 @@ impl Attempt<'_> {
             .total
             .clone()
             .ok_or_else(|| JobError::Permanent("held order has no total".into()))?;
-        let score = self
-            .downstreams
-            .score(
-                &self.budget(Step::Fraud)?,
-                self.stop,
-                score_request(order, &total),
-            )
+        let budget = self.budget(Step::Fraud)?;
+        let verdict = match self
+            .calls(order)
+            .score(&budget, self.stop, &total)
             .await
-            .map_err(|e| JobError::call("fraud", &e))?;
-        let verdict = match score.verdict() {
-            fraud::Verdict::Approve => Verdict::confirmed(
+            .outcome
+        {
+            Fraud::Approved => Verdict::confirmed(
                 Some(total),
                 order.hold_id.clone().unwrap_or_default(),
                 policy,
             ),
-            fraud::Verdict::Deny => Verdict::because(Reason::FraudDenied, policy)
+            Fraud::Denied => Verdict::because(Reason::FraudDenied, policy)
                 .then(JobKind::WalletRelease)
                 .then(JobKind::InventoryRelease),
-            fraud::Verdict::Unspecified => {
+            Fraud::NoVerdict => {
                 return Err(JobError::Transient(
                     "fraud answered without a verdict".into(),
                 ));
             }
+            Fraud::Failed(e) => return Err(JobError::call("fraud", &e)),
         };
         Ok(Handled::Done(Some(verdict)))
     }
@@ -312,14 +280,12 @@ impl Attempt<'_> {
         }
         let policy = &self.config.retry_after;
         let reference = self.reference(order);
-        let looked = self
-            .downstreams
-            .lookup_hold(&self.budget(Step::WalletLookup)?, self.stop, reference)
-            .await;
+        let budget = self.budget(Step::WalletLookup)?;
+        let looked = self.calls(order).lookup(&budget, self.stop).await.outcome;
         let settle_until = order.hold_sent_at_ms.unwrap_or(order.order.created_at_ms)
             + millis(self.config.worker.settle_window);
         match looked {
-            Ok(hold) => match (order.status, hold.state()) {
+            Lookup::Found(hold) => match (order.status, hold.state()) {
                 (OrderStatus::Declined, wallet::HoldState::Active) => {
                     self.downstreams
                         .release_hold(&self.budget(Step::WalletHold)?, self.stop, reference)
@@ -347,7 +313,7 @@ impl Attempt<'_> {
                     "hold for a pending order is {state:?}"
                 ))),
             },
-            Err(e) if e.code() == Some(Code::NotFound) => {
+            Lookup::NotFound => {
                 if now_ms() < settle_until {
                     return Ok(Handled::Wait {
                         until_ms: settle_until,
@@ -362,7 +328,7 @@ impl Attempt<'_> {
                 })?;
                 self.hold(order, total, order.fraud_review).await
             }
-            Err(e) => Err(JobError::call("wallet lookup", &e)),
+            Lookup::Failed(e) => Err(JobError::call("wallet lookup", &e)),
         }
     }
 
@@ -419,16 +385,6 @@ impl Attempt<'_> {
             )
             .await;
         settle("inventory release", result, &[Code::NotFound])
-    }
-}
-
-fn score_request(order: &OrderRecord, total: &Money) -> fraud::ScoreRequest {
-    fraud::ScoreRequest {
-        reference: order.order.order_id.clone(),
-        customer_id: order.order.customer_id.clone(),
-        wallet_account_id: order.order.wallet_account_id.clone(),
-        currency: total.currency.clone(),
-        amount_minor_units: total.minor_units,
     }
 }
 

@@ -5,7 +5,9 @@
 //! only after `worker.park_after` of nothing but transient failures. `worker.max_attempts`
 //! counts definitive rejections; an inconsistency no retry can mend parks at once. Retries
 //! spend a [`RetryBudget`] — compensations (releases) their own, so they never starve behind
-//! captures during an outage; when a budget is spent its retries wait. Terminal orders past
+//! captures during an outage; when a budget is spent its retries wait. While the request path
+//! is shedding load (its admission limiter refusing orders), the worker yields: it runs at most
+//! 1/[`YIELD_DIVISOR`] of `worker.concurrency` attempts, but never stops. Terminal orders past
 //! retention are purged here too.
 
 mod backoff;
@@ -14,7 +16,7 @@ mod operator;
 mod retry_budget;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +27,7 @@ pub use jobs::{Attempt, Handled, JobError};
 pub use operator::OperatorApi;
 pub use retry_budget::RetryBudget;
 
+use crate::admission::AdaptiveLimiter;
 use crate::budget::Budgeter;
 use crate::checkout::millis;
 use crate::config::Config;
@@ -44,6 +47,51 @@ pub struct Worker {
     compensation_budget: Arc<RetryBudget>,
     /// Lease owner name: unique per process, so replicas never mistake each other's leases.
     owner: String,
+    /// The request path's admission limit: while it sheds, the worker yields.
+    pressure: Option<AdaptiveLimiter>,
+}
+
+/// While the request path is shedding the worker runs at most `worker.concurrency` divided by
+/// this (and at least one attempt: it yields, it never stops).
+pub const YIELD_DIVISOR: usize = 8;
+
+/// The request path counts as shedding for this long after its last refusal.
+const SHEDDING_HOLD: Duration = Duration::from_secs(1);
+
+/// Whether the request path is shedding, from its limiter's refusal count.
+struct Shedding {
+    limiter: Option<AdaptiveLimiter>,
+    refused: u64,
+    until: Instant,
+}
+
+impl Shedding {
+    fn new(limiter: Option<AdaptiveLimiter>) -> Self {
+        let refused = limiter.as_ref().map_or(0, |l| l.stats().refused);
+        Self {
+            limiter,
+            refused,
+            until: Instant::now(),
+        }
+    }
+
+    /// How many attempts may run now out of `concurrency`.
+    fn allowed(&mut self, concurrency: usize) -> usize {
+        let Some(limiter) = &self.limiter else {
+            return concurrency;
+        };
+        let refused = limiter.stats().refused;
+        let now = Instant::now();
+        if refused > self.refused {
+            self.refused = refused;
+            self.until = now + SHEDDING_HOLD;
+        }
+        if now < self.until {
+            (concurrency / YIELD_DIVISOR).max(1)
+        } else {
+            concurrency
+        }
+    }
 }
 
 impl Worker {
@@ -63,7 +111,15 @@ impl Worker {
             downstreams,
             store,
             owner,
+            pressure: None,
         }
+    }
+
+    /// Yields to the request path: while `limiter` is refusing orders, the worker runs at most
+    /// 1/[`YIELD_DIVISOR`] of `worker.concurrency` attempts at once.
+    pub fn yielding_to(mut self, limiter: AdaptiveLimiter) -> Self {
+        self.pressure = Some(limiter);
+        self
     }
 
     /// The retry budgets (forward work, compensations), shared with the operator API.
@@ -92,7 +148,9 @@ impl Worker {
     /// Claims and works jobs until `stop` fires, then lets attempts in flight end (each is bounded
     /// by `attempt_timeout`; an attempt cut short is retried by whoever holds the next lease).
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let slots = Arc::new(Semaphore::new(self.config.worker.concurrency));
+        let concurrency = self.config.worker.concurrency;
+        let slots = Arc::new(Semaphore::new(concurrency));
+        let mut shedding = Shedding::new(self.pressure.clone());
         let attempts = TaskTracker::new();
         let mut next_purge = Instant::now();
         let mut failing = ClaimFailures::new(self.config.worker.poll_interval);
@@ -111,7 +169,16 @@ impl Worker {
                 },
                 () = stop.cancelled() => break,
             };
-            let free = slots.available_permits() + 1;
+            let running = concurrency - (slots.available_permits() + 1);
+            let free = shedding.allowed(concurrency).saturating_sub(running);
+            if free == 0 {
+                // The request path is shedding and our share is in use: wait for one to end.
+                drop(first);
+                tokio::select! {
+                    () = tokio::time::sleep(self.config.worker.poll_interval) => continue,
+                    () = stop.cancelled() => break,
+                }
+            }
             let now = now_ms();
             let lease_until = now + millis(self.config.worker.lease);
             let claimed = match self
@@ -353,4 +420,24 @@ fn hostname() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "checkout".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::FixedLimit;
+
+    #[test]
+    fn the_worker_yields_while_the_request_path_sheds_and_never_stops() {
+        assert_eq!(Shedding::new(None).allowed(64), 64, "nothing to yield to");
+        let limiter = AdaptiveLimiter::with_limit(FixedLimit(1), true, Duration::from_secs(1));
+        let mut shedding = Shedding::new(Some(limiter.clone()));
+        assert_eq!(shedding.allowed(64), 64, "not shedding yet");
+        let _held = limiter.try_acquire().expect("the one slot");
+        limiter.try_acquire().expect_err("shed");
+        assert_eq!(shedding.allowed(64), 64 / YIELD_DIVISOR);
+        assert_eq!(shedding.allowed(4), 1, "it never stops");
+        shedding.until = Instant::now();
+        assert_eq!(shedding.allowed(64), 64, "back to full once shedding stops");
+    }
 }
