@@ -90,8 +90,8 @@ async fn drive_load(rig: &Rig, run_id: &str, phases: &[Phase], recorder: &Record
 }
 
 async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
-    let orders: u32 = options.pick(10_000, 600);
-    let rate: f64 = options.pick(500.0, 150.0);
+    let orders: u32 = options.pick(10_000, 500);
+    let rate: f64 = options.pick(500.0, 100.0);
     let outage = options.pick(Duration::from_secs(5), Duration::from_secs(2));
     let recovery = options.pick(Duration::from_secs(20), Duration::from_secs(4));
     let settle = options.pick(Duration::from_secs(180), Duration::from_secs(60));
