@@ -1,4 +1,4 @@
-//! The `checkout` binary: `demo`, `serve`, `stubs`, `place`, `loadgen`. Thin: parsing and
+//! The `checkout` binary: `demo`, `serve`, `stubs`, `place`, `loadgen`, `bare`, `scenario`. Thin: parsing and
 //! wiring live in `checkout::cli`.
 
 use clap::Parser;
