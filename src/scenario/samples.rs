@@ -20,6 +20,8 @@ pub struct Sample {
     pub at: Duration,
     /// From its scheduled send to its answer.
     pub latency: Duration,
+    /// From its actual send to its answer: what the client waited, without the loader's lag.
+    pub waited: Duration,
     /// Answered later than its deadline (or given up on).
     pub late: bool,
     /// `CONFIRMED`, `PENDING BUDGET_EXHAUSTED`, `error ResourceExhausted`, ...
@@ -45,6 +47,7 @@ impl Sample {
         Self {
             at: shot.scheduled.saturating_duration_since(start),
             latency: shot.latency(),
+            waited: shot.answered.saturating_duration_since(shot.sent),
             late: shot.late(),
             outcome: shot.outcome(),
             admitted: shot.order().is_some(),
@@ -134,8 +137,17 @@ impl Samples {
 
     /// The `q` quantile (0-1) of the latencies of those satisfying `f`; `None` if none do.
     pub fn quantile(&self, q: f64, f: impl Fn(&Sample) -> bool) -> Option<Duration> {
-        let mut latencies: Vec<Duration> =
-            self.0.iter().filter(|s| f(s)).map(|s| s.latency).collect();
+        self.quantile_of(q, f, |s| s.latency)
+    }
+
+    /// The `q` quantile (0-1) of `measure` over those satisfying `f`; `None` if none do.
+    pub fn quantile_of(
+        &self,
+        q: f64,
+        f: impl Fn(&Sample) -> bool,
+        measure: impl Fn(&Sample) -> Duration,
+    ) -> Option<Duration> {
+        let mut latencies: Vec<Duration> = self.0.iter().filter(|s| f(s)).map(measure).collect();
         if latencies.is_empty() {
             return None;
         }
@@ -172,6 +184,7 @@ mod tests {
         Sample {
             at: Duration::from_millis(at_ms),
             latency: Duration::from_millis(latency_ms),
+            waited: Duration::from_millis(latency_ms),
             late: false,
             outcome: outcome.to_owned(),
             admitted: true,

@@ -6,7 +6,8 @@
 //! - no answer after its deadline;
 //! - PENDING `BUDGET_EXHAUSTED` <= 1 % of admitted orders;
 //! - refusals (`RESOURCE_EXHAUSTED`, ErrorInfo `OVERLOADED`) answered with p99 <= 20 ms at the
-//!   client (from the scheduled send);
+//!   client, from the call's send (the table also shows it from the scheduled send, which adds
+//!   the in-process loader's lag);
 //! - in the third second after the surge, p99 back to <= 2 x its pre-surge value.
 //!
 //! `--quick` measures saturation for 2 s and surges for 3 s to four times the saturation
@@ -160,13 +161,20 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
         percent(exhausted, admitted) <= 1.0,
     );
     let refused = samples.count(|s| s.overloaded);
-    let refusal_p99 = samples.quantile(0.99, |s| s.overloaded);
+    // At the client: from the call's send. From the schedule it also carries the in-process
+    // loader's own lag, shown alongside.
+    let refusal_p99 = samples.quantile_of(0.99, |s| s.overloaded, |s| s.waited);
+    let scheduled_p99 = samples.quantile(0.99, |s| s.overloaded);
     report.check(
         "refusals (OVERLOADED) p99 at the client",
         "<= 20 ms",
-        match refusal_p99 {
-            Some(p99) => format!("{} over {refused} refusals", ms(p99)),
-            None => "no refusals".to_owned(),
+        match (refusal_p99, scheduled_p99) {
+            (Some(p99), Some(late)) => format!(
+                "{} over {refused} refusals ({} from the schedule)",
+                ms(p99),
+                ms(late)
+            ),
+            _ => "no refusals".to_owned(),
         },
         refusal_p99.is_none_or(|p99| p99 <= Duration::from_millis(20)),
     );
