@@ -27,6 +27,8 @@
 //! - [`admin`]: the admin HTTP port (`/metrics`, `/healthz`, `/readyz`).
 //! - [`stall`]: a watch that tells a stalled runtime from a starved process, in the log.
 //! - [`telemetry`]: logs, OpenTelemetry spans, trace-context propagation and metrics.
+//! - [`load`]: open- and closed-loop PlaceOrder load, shared by `loadgen` and the scenarios.
+//! - [`scenario`]: the seeds' incidents replayed against stubs and an orchestrator in-process.
 //! - [`cli`]: the `checkout` subcommands; [`proto`]: generated code.
 
 pub mod admin;
@@ -38,8 +40,10 @@ pub mod config;
 pub mod deadline;
 pub mod downstream;
 pub mod introspection;
+pub mod load;
 pub mod proto;
 pub mod readiness;
+pub mod scenario;
 pub mod server;
 pub mod stall;
 pub mod store;

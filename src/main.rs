@@ -1,5 +1,5 @@
-//! The `checkout` binary: `demo`, `serve`, `stubs`, `place`, `loadgen`. Thin: parsing and
-//! wiring live in `checkout::cli`.
+//! The `checkout` binary: `demo`, `serve`, `stubs`, `place`, `loadgen`, `bare`, `scenario`.
+//! Thin: parsing and wiring live in `checkout::cli`.
 
 use clap::Parser;
 

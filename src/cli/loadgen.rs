@@ -32,15 +32,12 @@ use tonic::transport::{Channel, Endpoint};
 use self::report::{Measured, ProcUse, Tally};
 use super::procfs::{self, ProcSample};
 use crate::config::{Config, DownstreamAddrs};
+use crate::load::{self, GIVE_UP_AFTER_DEADLINE};
 use crate::proto::checkout::v1::{
     self as pb, checkout_service_client::CheckoutServiceClient,
     operator_service_client::OperatorServiceClient,
 };
 use crate::store::{MemoryStore, OrderStore};
-
-/// How long after its deadline the loader stops waiting for an answer (and counts the call as
-/// given up: late, and an error outcome).
-const GIVE_UP_AFTER_DEADLINE: Duration = Duration::from_secs(1);
 
 /// Closed or open loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -528,78 +525,48 @@ async fn drive(
     let one = {
         let (windows, tallies) = (Arc::clone(&windows), Arc::clone(&tallies));
         let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        move |mut client: CheckoutServiceClient<Channel>, scheduled: Instant| {
+        move |client: CheckoutServiceClient<Channel>, scheduled: Instant| {
             let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let key = format!("load-{run_id}-{n}");
+            let request = tonic::Request::new(load::order(&run_id, n));
             let (windows, tallies) = (Arc::clone(&windows), Arc::clone(&tallies));
             async move {
-                let mut request = tonic::Request::new(pb::PlaceOrderRequest {
-                    idempotency_key: key,
-                    customer_id: format!("c{}", n % 1000),
-                    cart_id: format!("cart-{}", 100 + n % 900),
-                    wallet_account_id: format!("a{}", n % 1000),
-                    expected_total: None,
-                });
-                request.set_timeout(deadline);
-                let sent = Instant::now();
-                let answer = tokio::time::timeout(
-                    deadline + GIVE_UP_AFTER_DEADLINE,
-                    client.place_order(request),
-                )
-                .await;
-                let answered = Instant::now();
+                let shot = load::place(client, request, deadline, scheduled).await;
                 let Some(window) = windows.of(scheduled) else {
                     return;
-                };
-                let outcome = match &answer {
-                    Ok(Ok(r)) => outcome_of(r.get_ref()),
-                    Ok(Err(s)) => format!("error {:?}", s.code()),
-                    Err(_) => "error loader gave up".to_owned(),
                 };
                 let mut tallies = tallies.lock().unwrap_or_else(|p| p.into_inner());
                 let Some(t) = tallies.get_mut(window) else {
                     return;
                 };
-                if matches!(answer, Ok(Ok(_))) {
+                if shot.order().is_some() {
                     t.answered += 1;
-                    let micros = u64::try_from((answered - scheduled).as_micros());
+                    let micros = u64::try_from(shot.latency().as_micros());
                     let _ = t.latency.record(micros.unwrap_or(u64::MAX).max(1));
                 }
-                if answered - sent > deadline {
+                if shot.late() {
                     t.late += 1;
                 }
-                t.last_answer = t.last_answer.max(Some(answered));
-                *t.outcomes.entry(outcome).or_default() += 1;
+                t.last_answer = t.last_answer.max(Some(shot.answered));
+                *t.outcomes.entry(shot.outcome()).or_default() += 1;
             }
         }
     };
 
     match mode {
         Mode::Saturate => {
-            let callers = (0..args.concurrency.max(1)).map(|_| {
+            load::closed_loop(args.concurrency, end, {
                 let client = client.clone();
-                let one = one.clone();
-                tokio::spawn(async move {
-                    while Instant::now() < end {
-                        one(client.clone(), Instant::now()).await;
-                    }
-                })
-            });
-            for caller in futures::future::join_all(callers).await {
-                caller?;
-            }
+                move |now| one(client.clone(), now)
+            })
+            .await?;
         }
         Mode::Open => {
-            let interval = Duration::from_secs_f64(1.0 / f64::from(args.rate.max(1)));
-            let mut in_flight = tokio::task::JoinSet::new();
-            let mut next = Instant::now();
-            while next < end {
-                tokio::time::sleep_until(next.into()).await;
-                in_flight.spawn(one(client.clone(), next));
-                next += interval;
-                while in_flight.try_join_next().is_some() {}
-            }
-            while in_flight.join_next().await.is_some() {}
+            let now = Instant::now();
+            let phase = load::Phase {
+                rate: f64::from(args.rate),
+                duration: end.saturating_duration_since(now),
+            };
+            load::open_loop(now, &[phase], |_, scheduled| one(client.clone(), scheduled)).await;
         }
     }
     all_answered.cancel();
@@ -619,20 +586,6 @@ async fn drive(
         span: last - measure_from,
         procs,
     })
-}
-
-/// `CONFIRMED`, `PENDING BUDGET_EXHAUSTED`, …
-fn outcome_of(order: &pb::Order) -> String {
-    let status = order
-        .status()
-        .as_str_name()
-        .trim_start_matches("ORDER_STATUS_")
-        .to_owned();
-    if order.reason.is_empty() {
-        status
-    } else {
-        format!("{status} {}", order.reason)
-    }
 }
 
 /// The follow-up jobs waiting at the target; `None` if it has no OperatorService (`bare`) or

@@ -6,6 +6,7 @@ mod loadgen;
 mod otlp_sink;
 mod place;
 mod procfs;
+mod scenario;
 mod serve;
 mod signal;
 mod stubs;
@@ -50,6 +51,8 @@ enum Command {
     /// An OTLP/gRPC trace collector that only counts what it is sent (for the benchmark).
     #[command(hide = true)]
     OtlpSink(otlp_sink::OtlpSinkArgs),
+    /// Replay the seeds' incidents (`list`, a name, or `all`) in-process and judge them.
+    Scenario(scenario::ScenarioArgs),
 }
 
 /// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
@@ -60,7 +63,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs", cli.log_format)),
         // The bare baseline has no telemetry on purpose: it is what serve is compared with.
-        Command::Place(_) | Command::Loadgen(_) | Command::Bare(_) | Command::OtlpSink(_) => None,
+        Command::Place(_) | Command::Loadgen(_) | Command::Bare(_)
+        | Command::OtlpSink(_)
+        | Command::Scenario(_) => None,
     };
     // The servers log how late their runtime and an OS thread wake (see `crate::stall`).
     let _stalls = match &cli.command {
@@ -76,6 +81,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Loadgen(args) => loadgen::run(args).await,
         Command::Bare(args) => bare::run(args).await,
         Command::OtlpSink(args) => otlp_sink::run(args).await,
+        Command::Scenario(args) => scenario::run(args).await,
     };
     if let Some(telemetry) = telemetry {
         telemetry.shutdown().await;
