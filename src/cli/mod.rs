@@ -63,7 +63,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs", cli.log_format)),
         // The bare baseline has no telemetry on purpose: it is what serve is compared with.
-        Command::Place(_) | Command::Loadgen(_) | Command::Bare(_)
+        Command::Place(_)
+        | Command::Loadgen(_)
+        | Command::Bare(_)
         | Command::OtlpSink(_)
         | Command::Scenario(_) => None,
     };
