@@ -24,6 +24,7 @@ use crate::proto::{
     cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
 };
 use crate::store::{Money, NewOrder};
+use crate::telemetry::AttemptKind;
 
 /// A step's answer and how many calls it took.
 #[derive(Debug)]
@@ -339,13 +340,13 @@ impl<'a> StepCalls<'a> {
                     // Each attempt has its own token, fired when the attempt is dropped: the
                     // loser of the race is cancelled through it.
                     let token = cancel.child_token();
-                    let budget = match attempt {
-                        Attempt::Primary => Some(*budget),
-                        Attempt::Backup => budget.remainder(started.elapsed(), Duration::ZERO),
-                    };
-                    let kind = match attempt {
-                        Attempt::Primary => crate::telemetry::AttemptKind::First,
-                        Attempt::Backup => crate::telemetry::AttemptKind::Hedge,
+                    // The first attempt keeps the caller's kind (`first`, or `worker` in a job).
+                    let (budget, kind) = match attempt {
+                        Attempt::Primary => (Some(*budget), AttemptKind::current()),
+                        Attempt::Backup => (
+                            budget.remainder(started.elapsed(), Duration::ZERO),
+                            AttemptKind::Hedge,
+                        ),
                     };
                     crate::telemetry::as_attempt(kind, async move {
                         let _cancel_when_dropped = token.clone().drop_guard();
@@ -358,15 +359,14 @@ impl<'a> StepCalls<'a> {
                 || budget.remainder(started.elapsed(), min_to_send).is_some(),
             )
             .await;
-        let mut called = Called {
+        if !hedged.hedged {
+            return Called::once(hedged.output);
+        }
+        Called {
             outcome: hedged.output,
             attempts: hedged.attempts,
-            hedged: hedged.hedged,
-        };
-        if !called.hedged && matches!(called.outcome, Err(CallError::Refused(_))) {
-            called.attempts = 0;
+            hedged: true,
         }
-        called
     }
 }
 

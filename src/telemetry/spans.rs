@@ -66,7 +66,8 @@ impl AttemptKind {
         }
     }
 
-    fn current() -> Self {
+    /// The kind of the attempt running now (`first` outside any).
+    pub fn current() -> Self {
         Context::map_current(|cx| cx.get::<AttemptKind>().copied()).unwrap_or(Self::First)
     }
 }
