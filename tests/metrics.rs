@@ -209,3 +209,66 @@ async fn readyz_is_503_while_the_store_is_unreachable() {
     );
     assert_eq!(get(admin, "/healthz").await.0, 200);
 }
+
+/// A breaker guards one method, not a whole service: holds failing ambiguously (each followed
+/// by a lookup that answers) open the `Hold` breaker alone, although the wallet as a whole
+/// answered half its calls (under this test's 60 % failure rate, a breaker per service would
+/// never open). `/metrics` shows `Hold` open and the lookup's breaker closed; the next order's
+/// hold is not sent and declines WALLET_UNAVAILABLE, retryable.
+#[tokio::test]
+async fn a_failing_hold_opens_its_own_breaker_and_metrics_show_it() {
+    let _turn = SERIAL.lock().await;
+    let (h, admin) = start_with_admin(|c| {
+        c.breaker.min_calls = 4;
+        c.breaker.failure_rate_percent = 60.0;
+        c.breaker.open_interval = Duration::from_secs(60);
+    })
+    .await;
+    let state = |text: &str, method: &str, state: &str| {
+        sample(
+            text,
+            &format!("checkout_breaker_state{{rpc_method=\"{method}\",state=\"{state}\"}}"),
+        )
+    };
+    const HOLD: &str = "wallet.v1.WalletService/Hold";
+    const LOOKUP: &str = "wallet.v1.WalletService/LookupByReference";
+    let (_, before) = get(admin, "/metrics").await;
+    assert_eq!(state(&before, HOLD, "closed"), 1.0, "{before}");
+
+    h.control
+        .configure(
+            "wallet",
+            "Hold",
+            common::behavior(0, checkout::proto::stub::v1::Fault::Internal),
+        )
+        .await;
+    for i in 0..4 {
+        let order = h
+            .place_ok(
+                common::order(&format!("b-{i}"), "cart-4200"),
+                Duration::from_secs(2),
+            )
+            .await;
+        assert_ne!(order.status(), pb::OrderStatus::Confirmed, "{order:?}");
+    }
+    let wallet = |method| h.control.method("wallet", method);
+    assert_eq!(wallet("Hold").await.received, 4);
+    assert_eq!(wallet("LookupByReference").await.received, 4);
+
+    let refused = h
+        .place_ok(common::order("b-open", "cart-4200"), Duration::from_secs(2))
+        .await;
+    assert_eq!(refused.reason, "WALLET_UNAVAILABLE", "{refused:?}");
+    assert!(refused.retryable);
+    assert_eq!(
+        wallet("Hold").await.received,
+        4,
+        "the fifth hold is not sent"
+    );
+
+    let (_, after) = get(admin, "/metrics").await;
+    assert_eq!(state(&after, HOLD, "open"), 1.0, "{after}");
+    assert_eq!(state(&after, HOLD, "closed"), 0.0, "{after}");
+    assert_eq!(state(&after, LOOKUP, "closed"), 1.0, "{after}");
+    h.server.stop().await.unwrap();
+}

@@ -1,5 +1,6 @@
-//! A circuit breaker per downstream service (SPEC §10 "Isolation"): a small state machine that
-//! stops sending calls to a service that is failing or browned out, then probes it back.
+//! A circuit breaker per downstream method (SPEC §10 "Isolation"; why per method, not per
+//! service: [`crate::downstream::call::Guards`]): a small state machine that stops sending
+//! calls to an endpoint that is failing or browned out, then probes it back.
 //!
 //! - **Closed** → **Open** when the sliding window holds at least `min_calls` calls and either
 //!   `failures / calls ≥ failure_rate_percent` or `slow / calls ≥ slow_call_rate_percent`
@@ -148,10 +149,10 @@ pub enum Outcome {
 /// A call was not sent: the breaker is open, or half open with every probe taken. Classified
 /// Unavailable (certainly not applied).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("{service} circuit breaker is {state}; next attempt in {retry_in:?}")]
+#[error("{name} circuit breaker is {state}; next attempt in {retry_in:?}")]
 pub struct BreakerOpen {
-    /// The downstream service.
-    pub service: &'static str,
+    /// What the breaker guards: a downstream method, e.g. `wallet.v1.WalletService/Hold`.
+    pub name: &'static str,
     /// `Open` or `HalfOpen`.
     pub state: BreakerState,
     /// Until the open interval ends (zero when half open: a probe is under way).
@@ -161,8 +162,8 @@ pub struct BreakerOpen {
 /// A change of state, for the hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transition {
-    /// The downstream service.
-    pub service: &'static str,
+    /// What the breaker guards: a downstream method, e.g. `wallet.v1.WalletService/Hold`.
+    pub name: &'static str,
     /// The state left.
     pub from: BreakerState,
     /// The state entered.
@@ -275,7 +276,7 @@ struct Core {
 }
 
 struct Shared {
-    service: &'static str,
+    name: &'static str,
     policy: BreakerPolicy,
     core: Mutex<Core>,
     hook: Option<TransitionHook>,
@@ -288,7 +289,7 @@ struct Shared {
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Breaker")
-            .field("service", &self.service)
+            .field("name", &self.name)
             .field("core", &self.core)
             .finish_non_exhaustive()
     }
@@ -315,7 +316,7 @@ impl Shared {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         Transition {
-            service: self.service,
+            name: self.name,
             from,
             to: to.public(),
             at,
@@ -398,37 +399,37 @@ impl Shared {
     }
 }
 
-/// The breaker of one downstream service. Cheap to clone: clones share state.
+/// The breaker of one downstream method. Cheap to clone: clones share state.
 #[derive(Debug, Clone)]
 pub struct Breaker {
     shared: Arc<Shared>,
 }
 
 impl Breaker {
-    /// A closed breaker for `service` under `policy` (validated), its window starting at `now`.
-    pub fn new(service: &'static str, policy: &BreakerPolicy, now: Instant) -> Self {
-        Self::build(service, policy, now, None)
+    /// A closed breaker named `name` under `policy` (validated), its window starting at `now`.
+    pub fn new(name: &'static str, policy: &BreakerPolicy, now: Instant) -> Self {
+        Self::build(name, policy, now, None)
     }
 
     /// [`Breaker::new`] with a hook called after every transition.
     pub fn with_hook(
-        service: &'static str,
+        name: &'static str,
         policy: &BreakerPolicy,
         now: Instant,
         hook: TransitionHook,
     ) -> Self {
-        Self::build(service, policy, now, Some(hook))
+        Self::build(name, policy, now, Some(hook))
     }
 
     fn build(
-        service: &'static str,
+        name: &'static str,
         policy: &BreakerPolicy,
         now: Instant,
         hook: Option<TransitionHook>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
-                service,
+                name,
                 policy: *policy,
                 core: Mutex::new(Core {
                     state: State::Closed,
@@ -444,9 +445,9 @@ impl Breaker {
         }
     }
 
-    /// The service this breaker guards.
-    pub fn service(&self) -> &'static str {
-        self.shared.service
+    /// What this breaker guards.
+    pub fn name(&self) -> &'static str {
+        self.shared.name
     }
 
     /// May a call be sent at `now`? An open breaker whose interval has passed goes half open
@@ -498,7 +499,7 @@ impl Breaker {
     fn refuse(&self, state: BreakerState, retry_in: Duration) -> BreakerOpen {
         self.shared.refused.fetch_add(1, Ordering::Relaxed);
         BreakerOpen {
-            service: self.shared.service,
+            name: self.shared.name,
             state,
             retry_in,
         }
@@ -653,7 +654,7 @@ mod tests {
         assert_eq!(
             refused,
             BreakerOpen {
-                service: "wallet",
+                name: "wallet",
                 state: BreakerState::Open,
                 retry_in: Duration::from_secs(4) + FAST,
             }
@@ -784,7 +785,7 @@ mod tests {
             (stats.state, stats.opened, stats.half_opened, stats.closed),
             (Closed, 2, 2, 1)
         );
-        assert_eq!(b.service(), "cart");
+        assert_eq!(b.name(), "cart");
     }
 
     #[test]
