@@ -16,7 +16,8 @@
 //! - **Update.** `target = limit × gradient + √limit` (the √limit headroom keeps probing for more
 //!   capacity, as Envoy does), then `limit += smoothing × (target − limit)` (Gradient2), within
 //!   `[min_limit, max_limit]`. While fewer than half of the permits are in use the limit does not
-//!   grow: an idle service has proven nothing about its capacity.
+//!   move at all (as in Gradient2): an idle service has proven nothing about its capacity, and
+//!   latency that rises while the limit is far from reached does not come from the limit.
 //! - **Drops.** A window with a dropped request (timeout, overload answer from below) skips the
 //!   gradient and multiplies the limit by `drop_backoff` — once per window, however many drops.
 
@@ -268,9 +269,13 @@ impl GradientLimit {
             let gradient = (self.policy.tolerance * no_load.as_secs_f64()
                 / short_term.as_secs_f64().max(1e-6))
             .clamp(MIN_GRADIENT, MAX_GRADIENT);
+            // Fewer than half the permits in use: the limit is not what the latency comes from,
+            // so the window says nothing about it, up or down (Gradient2 leaves it alone too).
+            // Shrinking here would ratchet the limit to the floor under any steady load whose
+            // latency wobbles, and refuse the next healthy burst.
             let app_limited = (self.window.peak_in_flight as f64) < self.estimate / 2.0;
-            let target = self.estimate * gradient + self.estimate.sqrt();
-            if !(app_limited && target > self.estimate) {
+            if !app_limited {
+                let target = self.estimate * gradient + self.estimate.sqrt();
                 self.estimate += self.policy.smoothing * (target - self.estimate);
                 self.estimate = self.estimate.clamp(min, max);
             }
@@ -431,6 +436,23 @@ mod tests {
             d.window(10 * MS, Some(10)); // 10 in flight, far below half of 64
         }
         assert_eq!(d.limit.limit(), 64);
+    }
+
+    /// Latency far above the no-load one while few permits are used (a busy machine, not a
+    /// queue behind the limit) leaves the limit where it is: shrinking it would ratchet it to
+    /// the floor under steady load and refuse the next healthy burst. Once the permits are in
+    /// use, the same latency shrinks it.
+    #[test]
+    fn an_app_limited_service_does_not_shrink_its_limit_either() {
+        let mut d = Driver::new(policy());
+        d.measure(10 * MS);
+        for _ in 0..50 {
+            d.window(40 * MS, Some(20)); // 4 × no-load, 20 in flight of 64
+        }
+        assert_eq!(d.limit.limit(), 64);
+        d.window(40 * MS, None);
+        d.window(40 * MS, None);
+        assert!(d.limit.limit() < 64, "{}", d.limit.limit());
     }
 
     #[test]

@@ -40,7 +40,7 @@ use crate::proto::{inventory::v1 as inventory, wallet::v1 as wallet};
 use crate::store::{
     Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
 };
-use crate::telemetry::{self, StepSpan};
+use crate::telemetry::{self, StepSpan, metrics};
 
 /// Places orders: owns the policy, the admission limit, the downstream clients and the store.
 pub struct Orchestrator {
@@ -112,28 +112,55 @@ impl Orchestrator {
     /// adaptive concurrency limit, or when the queueing the service adds already exceeds the
     /// request's slack beyond the shortest path. A refused request is neither recorded nor sent.
     fn admit_load(&self, deadline: &Deadline) -> Result<Permit, CheckoutError> {
-        let retry_after = self.limiter.retry_after();
+        let admitted = match self.queueing_exceeds_slack(deadline) {
+            Some(cause) => Err(cause),
+            None => self
+                .limiter
+                .try_acquire()
+                .map_err(|refused| Overload::ConcurrencyLimit {
+                    limit: refused.limit,
+                }),
+        };
+        self.judged(admitted)
+    }
+
+    /// The cheap look-ahead of [`Orchestrator::place`]'s admission, for the API to run before
+    /// it parses and validates a request: under a surge most requests are refused, and each
+    /// refusal should cost as little CPU as possible, so the refusals do not queue behind one
+    /// another. Takes no permit; `place` decides for real (the limit may be reached between
+    /// the two).
+    pub fn shed_early(&self, deadline: &Deadline) -> Result<(), CheckoutError> {
+        let cause = self.queueing_exceeds_slack(deadline).or_else(|| {
+            let limit = self.limiter.limit();
+            (self.limiter.in_flight() >= limit).then_some(Overload::ConcurrencyLimit { limit })
+        });
+        match cause {
+            Some(cause) => self.judged::<()>(Err(cause)),
+            None => Ok(()),
+        }
+    }
+
+    fn queueing_exceeds_slack(&self, deadline: &Deadline) -> Option<Overload> {
         let slack = deadline
             .remaining()
             .saturating_sub(self.budgeter.admission_floor());
         let expected_wait = self.limiter.expected_wait();
-        if expected_wait > slack {
-            return Err(CheckoutError::Overloaded {
-                cause: Overload::QueueingExceedsSlack {
-                    expected_wait,
-                    slack,
-                },
-                retry_after,
-            });
-        }
-        self.limiter
-            .try_acquire()
-            .map_err(|refused| CheckoutError::Overloaded {
-                cause: Overload::ConcurrencyLimit {
-                    limit: refused.limit,
-                },
-                retry_after,
-            })
+        (expected_wait > slack).then_some(Overload::QueueingExceedsSlack {
+            expected_wait,
+            slack,
+        })
+    }
+
+    /// Publishes an admission decision; a refusal becomes the OVERLOADED error.
+    fn judged<T>(&self, admitted: Result<T, Overload>) -> Result<T, CheckoutError> {
+        metrics::admission(self.limiter.limit(), self.limiter.in_flight());
+        admitted.map_err(|cause| {
+            metrics::overloaded(cause.as_str());
+            CheckoutError::Overloaded {
+                cause,
+                retry_after: self.limiter.retry_after(),
+            }
+        })
     }
 
     /// Places one order under `deadline`. Admission is decided here, synchronously, before

@@ -45,6 +45,12 @@ impl CheckoutService for CheckoutApi {
         let deadline = ingest(request.metadata(), &config.deadline)
             .map_err(|e| violations.push(FieldViolation::new(e.header, e.to_string())))
             .ok();
+        // Under a surge, refuse before spending anything on the request.
+        if let Some(deadline) = &deadline {
+            self.orchestrator
+                .shed_early(deadline)
+                .inspect_err(|error| metrics::admission_rejected(error.metric_reason()))?;
+        }
         let scope = caller_scope(&request, &config.auth, &mut violations)
             .inspect_err(|error| metrics::admission_rejected(error.metric_reason()))?;
         let message = request.into_inner();

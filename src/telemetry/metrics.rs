@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -68,6 +69,17 @@ struct StateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BreakerLabels {
+    rpc_method: &'static str,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabel {
+    cause: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: &'static str,
 }
@@ -99,6 +111,11 @@ struct Metrics {
     retry_budget_exhausted: Counter,
     store_write: Histograms<KindLabel>,
     spans_dropped: Counter,
+    breaker_state: Family<BreakerLabels, Gauge>,
+    metric_pushes_failed: Counter,
+    overloaded: Family<CauseLabel, Counter>,
+    admission_limit: Gauge,
+    admission_in_flight: Gauge,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -121,6 +138,11 @@ impl Metrics {
             retry_budget_exhausted: Counter::default(),
             store_write: histograms(),
             spans_dropped: Counter::default(),
+            breaker_state: Family::default(),
+            metric_pushes_failed: Counter::default(),
+            overloaded: Family::default(),
+            admission_limit: Gauge::default(),
+            admission_in_flight: Gauge::default(),
             registry: Registry::default(),
         };
         // Counters are registered without `_total`: the encoder appends it.
@@ -194,6 +216,31 @@ impl Metrics {
             "Finished spans not exported: the export queue was full, or the export failed or timed out",
             m.spans_dropped.clone(),
         );
+        registry.register(
+            "checkout_breaker_state",
+            "Circuit breaker of each downstream method: 1 for its current state (closed, open, half_open), 0 for the others",
+            m.breaker_state.clone(),
+        );
+        registry.register(
+            "checkout_overloaded",
+            "PlaceOrder calls shed as OVERLOADED, by cause (concurrency_limit, queueing_exceeds_slack)",
+            m.overloaded.clone(),
+        );
+        registry.register(
+            "checkout_admission_limit",
+            "The adaptive concurrency limit on PlaceOrder, as of the last admission decision",
+            m.admission_limit.clone(),
+        );
+        registry.register(
+            "checkout_admission_in_flight",
+            "PlaceOrder calls holding an admission permit, as of the last admission decision",
+            m.admission_in_flight.clone(),
+        );
+        registry.register(
+            "checkout_telemetry_metric_pushes_failed",
+            "OTLP metric pushes that failed or timed out (the next push carries the totals again)",
+            m.metric_pushes_failed.clone(),
+        );
         Self { registry, ..m }
     }
 }
@@ -204,6 +251,13 @@ pub fn encode() -> String {
     // Writing into a String cannot fail: fmt::Write for String is infallible.
     let _ = prometheus_client::encoding::text::encode(&mut text, &METRICS.registry);
     text
+}
+
+/// All metrics as Prometheus protobuf families, for the OTLP push (see `telemetry::push`).
+pub fn families() -> Vec<prometheus_data_model::MetricFamily> {
+    // Encoding into memory fails only on a label set that cannot be encoded; ours are plain
+    // strings, so an error here would be a bug: push nothing rather than half a set.
+    prometheus_client::encoding::prometheus_protobuf::encode(&METRICS.registry).unwrap_or_default()
 }
 
 /// The content type of [`encode`]'s text.
@@ -318,6 +372,44 @@ pub fn store_write(kind: &'static str, took: Duration) {
 /// `n` finished spans were not exported: the queue was full, or their export failed.
 pub fn spans_dropped(n: u64) {
     METRICS.spans_dropped.inc_by(n);
+}
+
+/// An admission decision: the limit and the orders in flight it was taken against.
+pub fn admission(limit: usize, in_flight: usize) {
+    let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    METRICS.admission_limit.set(gauge(limit));
+    METRICS.admission_in_flight.set(gauge(in_flight));
+}
+
+/// A PlaceOrder shed as OVERLOADED for `cause`.
+pub fn overloaded(cause: &'static str) {
+    METRICS
+        .overloaded
+        .get_or_create(&CauseLabel { cause })
+        .inc();
+}
+
+/// An OTLP metrics push failed or timed out.
+pub fn metric_push_failed() {
+    METRICS.metric_pushes_failed.inc();
+}
+
+/// The breaker of the downstream `method` entered `state`.
+pub fn breaker_state(method: &'static str, state: crate::downstream::BreakerState) {
+    use crate::downstream::BreakerState;
+    for each in [
+        BreakerState::Closed,
+        BreakerState::Open,
+        BreakerState::HalfOpen,
+    ] {
+        METRICS
+            .breaker_state
+            .get_or_create(&BreakerLabels {
+                rpc_method: method,
+                state: each.as_str(),
+            })
+            .set(i64::from(each == state));
+    }
 }
 
 #[cfg(test)]
