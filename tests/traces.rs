@@ -37,8 +37,12 @@ fn collector() -> Collector {
                             ..Batching::default()
                         },
                     };
-                    let _telemetry =
-                        checkout::telemetry::init_with("checkout", LogFormat::Text, Some(export));
+                    let _telemetry = checkout::telemetry::init_with(
+                        "checkout",
+                        LogFormat::Text,
+                        Some(export),
+                        None,
+                    );
                     tx.send(collector).unwrap();
                     std::future::pending::<()>().await;
                 });

@@ -1,6 +1,6 @@
-//! `checkout otlp-sink` (hidden): an OTLP/gRPC trace collector that accepts every export and
-//! keeps nothing but a count — the benchmark's stand-in for an OpenTelemetry Collector, so the
-//! cost measured is the exporting process's own.
+//! `checkout otlp-sink` (hidden): an OTLP/gRPC collector of traces and metrics that accepts
+//! every export and keeps nothing but counts — the benchmark's stand-in for an OpenTelemetry
+//! Collector, so the cost measured is the exporting process's own.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,6 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context;
 use clap::Args;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -25,9 +31,23 @@ pub struct OtlpSinkArgs {
 }
 
 /// Counts what it is sent.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Sink {
     spans: Arc<AtomicU64>,
+    metric_pushes: Arc<AtomicU64>,
+}
+
+#[tonic::async_trait]
+impl MetricsService for Sink {
+    async fn export(
+        &self,
+        _request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.metric_pushes.fetch_add(1, Ordering::Relaxed);
+        Ok(tonic::Response::new(ExportMetricsServiceResponse {
+            partial_success: None,
+        }))
+    }
 }
 
 #[tonic::async_trait]
@@ -50,21 +70,23 @@ impl TraceService for Sink {
     }
 }
 
-/// Runs until SIGINT/SIGTERM, then prints how many spans it received.
+/// Runs until SIGINT/SIGTERM, then prints how many spans and metric pushes it received.
 pub async fn run(args: OtlpSinkArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     // One line on stdout with the bound address (useful with --listen 127.0.0.1:0).
     println!("checkout otlp-sink serving on {}", listener.local_addr()?);
-    let spans = Arc::new(AtomicU64::new(0));
-    let sink = Sink {
-        spans: Arc::clone(&spans),
-    };
+    let sink = Sink::default();
     tonic::transport::Server::builder()
-        .add_service(TraceServiceServer::new(sink).max_decoding_message_size(64 << 20))
+        .add_service(TraceServiceServer::new(sink.clone()).max_decoding_message_size(64 << 20))
+        .add_service(MetricsServiceServer::new(sink.clone()).max_decoding_message_size(64 << 20))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), super::signal::shutdown())
         .await?;
-    println!("spans received: {}", spans.load(Ordering::Relaxed));
+    println!("spans received: {}", sink.spans.load(Ordering::Relaxed));
+    println!(
+        "metric pushes received: {}",
+        sink.metric_pushes.load(Ordering::Relaxed)
+    );
     Ok(())
 }

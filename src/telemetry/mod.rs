@@ -8,7 +8,9 @@
 //!   when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the
 //!   standard `OTEL_*` variables apply (`OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`,
 //!   `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_*`, `OTEL_EXPORTER_OTLP_TIMEOUT`).
-//! - Metrics: every instrument in [`metrics`], rendered by the admin port.
+//! - Metrics: every instrument in [`metrics`], rendered by the admin port, and pushed over
+//!   OTLP/gRPC when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`)
+//!   is set, every `OTEL_METRIC_EXPORT_INTERVAL` (see `push`).
 //!
 //! # Layout
 //! - `logs`: the log line formats.
@@ -16,12 +18,14 @@
 //! - `server`: the layer that makes every inbound RPC a server span and a timed call.
 //! - `spans`: step, attempt, store-write and job spans.
 //! - `export`: the bounded, non-blocking span queue in front of the OTLP exporter.
+//! - `push`: the periodic OTLP push of the metrics.
 //! - [`metrics`]: names, labels and buckets of every metric.
 
 mod export;
 mod logs;
 pub mod metrics;
 mod propagation;
+mod push;
 mod server;
 mod spans;
 
@@ -36,6 +40,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 pub use export::Batching;
 pub use logs::LogFormat;
 pub use propagation::{extract, inject};
+pub use push::MetricsPush;
 pub use server::{ServerTrace, ServerTraceLayer};
 pub use spans::{
     Attempt, AttemptKind, StepSpan, annotate, as_attempt, attempt_refused, current_trace_id,
@@ -66,15 +71,20 @@ impl Export {
     }
 }
 
-/// Keeps the tracer provider alive; [`Telemetry::shutdown`] ships the spans still queued.
+/// Keeps the tracer provider and the metrics pusher alive; [`Telemetry::shutdown`] ships the
+/// spans still queued and pushes the metrics one last time.
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
     shipper: Option<export::Shipper>,
+    pusher: Option<push::Pusher>,
 }
 
 impl Telemetry {
-    /// Ships what is queued (within 5 s) and stops the exporter.
+    /// Ships what is queued (within 5 s) and stops the exporters.
     pub async fn shutdown(self) {
+        if let Some(pusher) = self.pusher {
+            pusher.stop(Duration::from_secs(5)).await;
+        }
         if let Some(shipper) = self.shipper {
             shipper.stop(Duration::from_secs(5)).await;
         }
@@ -84,14 +94,21 @@ impl Telemetry {
     }
 }
 
-/// Installs logging in `format` and, when the environment asks for it, span export. Call once,
-/// inside the Tokio runtime. `service` is the default `service.name` (`OTEL_SERVICE_NAME` wins).
+/// Installs logging in `format` and, when the environment asks for them, span export and the
+/// metrics push. Call once, inside the Tokio runtime. `service` is the default `service.name`
+/// (`OTEL_SERVICE_NAME` wins).
 pub fn init(service: &'static str, format: LogFormat) -> Telemetry {
-    init_with(service, format, Export::from_env())
+    init_with(service, format, Export::from_env(), MetricsPush::from_env())
 }
 
-/// [`init`] with an explicit export (tests point it at their own collector).
-pub fn init_with(service: &'static str, format: LogFormat, export: Option<Export>) -> Telemetry {
+/// [`init`] with an explicit span export and metrics push (tests point them at their own
+/// collector).
+pub fn init_with(
+    service: &'static str,
+    format: LogFormat,
+    export: Option<Export>,
+    metrics_push: Option<MetricsPush>,
+) -> Telemetry {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,sqlx=warn,h2=warn,tower=warn")
     });
@@ -99,10 +116,24 @@ pub fn init_with(service: &'static str, format: LogFormat, export: Option<Export
         .with(filter)
         .with(logs::layer(format))
         .try_init();
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name(service);
+    }
+    let resource = resource.build();
+    let pusher = metrics_push.and_then(|push| {
+        let attributes = resource
+            .iter()
+            .map(|(key, value)| (key.to_string(), push::text(value.as_str())));
+        push::Pusher::start(&push, push::resource(attributes))
+            .inspect_err(|error| tracing::error!(%error, "metrics are not pushed"))
+            .ok()
+    });
     let Some(export) = export else {
         return Telemetry {
             provider: None,
             shipper: None,
+            pusher,
         };
     };
     let mut builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
@@ -117,14 +148,10 @@ pub fn init_with(service: &'static str, format: LogFormat, export: Option<Export
             return Telemetry {
                 provider: None,
                 shipper: None,
+                pusher,
             };
         }
     };
-    let mut resource = opentelemetry_sdk::Resource::builder();
-    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
-        resource = resource.with_service_name(service);
-    }
-    let resource = resource.build();
     exporter.set_resource(&resource);
     let (processor, shipper) = export::Shipper::start(exporter, export.batching);
     // The sampler is the SDK's: OTEL_TRACES_SAMPLER(_ARG), parentbased_always_on by default.
@@ -136,6 +163,7 @@ pub fn init_with(service: &'static str, format: LogFormat, export: Option<Export
     Telemetry {
         provider: Some(provider),
         shipper: Some(shipper),
+        pusher,
     }
 }
 
