@@ -77,6 +77,25 @@ impl Rig {
         })
     }
 
+    /// `n` CheckoutService clients, each over its own HTTP/2 connection: callers at thousands of
+    /// orders a second are many processes, not one connection whose single reader task would
+    /// be the bottleneck on both ends.
+    pub async fn checkout_clients(
+        &self,
+        n: usize,
+    ) -> Result<Vec<CheckoutServiceClient<Channel>>, ScenarioError> {
+        let mut clients = Vec::with_capacity(n);
+        for _ in 0..n {
+            let channel = tonic::transport::Endpoint::from_shared(self.server.uri())
+                .map_err(|e| ScenarioError::Setup(format!("orchestrator address: {e}")))?
+                .tcp_nodelay(true)
+                .connect()
+                .await?;
+            clients.push(CheckoutServiceClient::new(channel));
+        }
+        Ok(clients)
+    }
+
     /// Stops the orchestrator (in-flight orders finish by their deadlines) and the stubs.
     pub async fn stop(self) -> Result<(), ScenarioError> {
         let stopped = self.server.stop().await;

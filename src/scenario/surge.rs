@@ -24,6 +24,8 @@ use crate::load::{self, Phase};
 const DEADLINE: Duration = Duration::from_secs(2);
 /// Callers of the saturation measurement (as `checkout loadgen`'s default).
 const CALLERS: usize = 64;
+/// Connections the open loop's orders are spread over (as from many shop front-ends).
+const CONNECTIONS: usize = 16;
 /// Unmeasured start of the saturation run and of the open loop.
 const WARM_UP: Duration = Duration::from_secs(1);
 /// The normal rate, as a share of the measured saturation throughput.
@@ -113,12 +115,13 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
             duration: after_for,
         },
     ];
+    let clients = rig.checkout_clients(CONNECTIONS).await?;
     load::open_loop(start, &phases, {
-        let client = rig.checkout.clone();
         let recorder = recorder.clone();
         move |n, scheduled| {
             let request = rig::request(load::order("surge", n));
-            let (client, recorder) = (client.clone(), recorder.clone());
+            let client = clients[n as usize % clients.len()].clone();
+            let recorder = recorder.clone();
             async move {
                 let shot = load::place(client, request, DEADLINE, scheduled).await;
                 recorder.record(&shot);
