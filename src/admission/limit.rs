@@ -6,18 +6,25 @@
 //! - **No-load latency.** The limit is pinned to `min_limit` while `min_rtt_samples` requests
 //!   that *started* inside that window finish; their `sample_percentile` latency becomes the
 //!   no-load RTT. This happens at start, then every `min_rtt_interval ± min_rtt_jitter` (the
-//!   jitter keeps replicas from probing in step), and early when the limit has sat at the floor
-//!   for [`FLOOR_WINDOWS_BEFORE_REMEASURE`] windows in a row (the baseline is probably stale).
+//!   jitter keeps replicas from probing in step) if at least half the limit is in use at that
+//!   moment (otherwise the limit is not moving, a new baseline would change nothing, and the pin
+//!   would only refuse a healthy burst: the 10-minute soak at 1,100/s lost orders to it), and
+//!   early when the limit has sat at the floor for [`FLOOR_WINDOWS_BEFORE_REMEASURE`] windows in
+//!   a row (the baseline is probably stale).
 //! - **Gradient.** Outside a probe, samples are grouped in windows of `sample_window` (closed
 //!   once they also hold `samples_per_window` samples). Each window's `sample_percentile` latency
-//!   is the short-term RTT; the long-term one is the no-load RTT. `gradient = clamp(tolerance ×
-//!   no_load / short_term, 0.5, 1)`: 1 while latency stays within `tolerance` of no-load, down
-//!   to 0.5 (never more than halving, so one outlier window cannot collapse the limit).
+//!   is the short-term RTT; the long-term one is the no-load RTT. `gradient = clamp(max(tolerance
+//!   × no_load, latency_target) / short_term, 0.5, 1)`: 1 while latency stays within `tolerance`
+//!   of no-load or under `latency_target` (the queueing deadlines of seconds can afford: on two
+//!   busy cores the peak runs at several times the no-load latency without being in trouble),
+//!   down to 0.5 (never more than halving, so one outlier window cannot collapse the limit).
 //! - **Update.** `target = limit × gradient + √limit` (the √limit headroom keeps probing for more
 //!   capacity, as Envoy does), then `limit += smoothing × (target − limit)` (Gradient2), within
 //!   `[min_limit, max_limit]`. While fewer than half of the permits are in use the limit does not
-//!   move at all (as in Gradient2): an idle service has proven nothing about its capacity, and
-//!   latency that rises while the limit is far from reached does not come from the limit.
+//!   shrink or grow (as in Gradient2): an idle service has proven nothing about its capacity,
+//!   and latency that rises while the limit is far from reached does not come from the limit.
+//!   It only drifts back up towards `initial_limit` then, by `smoothing` a window, while latency
+//!   is within what is allowed: a burst that shrank it is over.
 //! - **Drops.** A window with a dropped request (timeout, overload answer from below) skips the
 //!   gradient and multiplies the limit by `drop_backoff` — once per window, however many drops.
 
@@ -266,17 +273,24 @@ impl GradientLimit {
         } else if let Some(no_load) = self.no_load {
             let short_term = self.window.percentile(self.policy.sample_percentile);
             self.recent = Some(short_term);
-            let gradient = (self.policy.tolerance * no_load.as_secs_f64()
-                / short_term.as_secs_f64().max(1e-6))
-            .clamp(MIN_GRADIENT, MAX_GRADIENT);
+            let allowed = (self.policy.tolerance * no_load.as_secs_f64())
+                .max(self.policy.latency_target.as_secs_f64());
+            let gradient =
+                (allowed / short_term.as_secs_f64().max(1e-6)).clamp(MIN_GRADIENT, MAX_GRADIENT);
             // Fewer than half the permits in use: the limit is not what the latency comes from,
-            // so the window says nothing about it, up or down (Gradient2 leaves it alone too).
-            // Shrinking here would ratchet the limit to the floor under any steady load whose
-            // latency wobbles, and refuse the next healthy burst.
+            // so the window cannot tell whether it is too high (Gradient2 leaves it alone). It
+            // does show the service coping, though: a limit a burst pushed below
+            // `initial_limit` drifts back to it while latency stays within what is allowed.
+            // Without that, every burst at steady load ratchets the limit down for good, until
+            // it refuses the next healthy one (the 10-minute soak lost 720 orders so).
             let app_limited = (self.window.peak_in_flight as f64) < self.estimate / 2.0;
+            let initial = self.policy.initial_limit as f64;
             if !app_limited {
                 let target = self.estimate * gradient + self.estimate.sqrt();
                 self.estimate += self.policy.smoothing * (target - self.estimate);
+                self.estimate = self.estimate.clamp(min, max);
+            } else if gradient >= MAX_GRADIENT && self.estimate < initial {
+                self.estimate += self.policy.smoothing * (initial - self.estimate);
                 self.estimate = self.estimate.clamp(min, max);
             }
         }
@@ -299,6 +313,16 @@ impl Limit for GradientLimit {
             Phase::MeasuringMinRtt { since } => self.measure_sample(since, sample),
             Phase::Adapting { next } if sample.finished() >= next => {
                 let since = sample.finished();
+                if (sample.in_flight as f64) < self.estimate / 2.0 {
+                    // Under half the limit in use, the limit moves for no window, so a fresher
+                    // baseline would change nothing; pinning to the floor would only refuse
+                    // the next healthy burst. Look again an interval later.
+                    self.phase = Phase::Adapting {
+                        next: since + self.jittered_interval(),
+                    };
+                    self.adapt_sample(sample);
+                    return;
+                }
                 self.phase = Phase::MeasuringMinRtt { since };
                 self.window.restart(since);
                 // This sample started before the measurement, so it cannot be part of it.
@@ -329,11 +353,13 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
-    /// The algorithm's tests use a low floor, where its moves are easy to see.
+    /// The algorithm's tests use a low floor, where its moves are easy to see, and no latency
+    /// target, so the tolerance alone decides.
     fn policy() -> AdmissionPolicy {
         AdmissionPolicy {
             initial_limit: 64,
             min_limit: 8,
+            latency_target: Duration::ZERO,
             min_rtt_jitter: Duration::ZERO,
             min_rtt_interval: Duration::from_secs(3600),
             ..AdmissionPolicy::default()
@@ -455,6 +481,54 @@ mod tests {
         assert!(d.limit.limit() < 64, "{}", d.limit.limit());
     }
 
+    /// Latency many times the no-load one but under `latency_target` (a busy machine whose
+    /// queueing the deadlines can afford) does not shrink a fully used limit; above it, it does.
+    #[test]
+    fn latency_under_the_target_does_not_shrink_the_limit() {
+        let mut d = Driver::new(AdmissionPolicy {
+            latency_target: 100 * MS,
+            ..policy()
+        });
+        d.measure(5 * MS);
+        for _ in 0..20 {
+            let before = d.limit.limit();
+            d.window(90 * MS, None); // 18 × no-load, under the target
+            assert!(d.limit.limit() >= before);
+        }
+        let before = d.limit.limit();
+        d.window(300 * MS, None);
+        d.window(300 * MS, None);
+        assert!(d.limit.limit() < before, "{} !< {before}", d.limit.limit());
+    }
+
+    /// A burst shrinks the limit; once the service is back under half of it with latency
+    /// within bounds, the limit returns to `initial_limit` (and no higher).
+    #[test]
+    fn after_a_burst_the_limit_returns_to_its_initial_value() {
+        let mut d = Driver::new(policy());
+        d.measure(10 * MS);
+        for _ in 0..5 {
+            d.window(40 * MS, None); // a burst: the limit in use, latency 4 × no-load
+        }
+        let shrunk = d.limit.limit();
+        assert!(shrunk < 50, "{shrunk}");
+        for _ in 0..40 {
+            d.window(10 * MS, Some(5)); // calm: 5 in flight
+        }
+        let back = d.limit.limit();
+        assert!(
+            (63..=64).contains(&back),
+            "back to initial_limit 64: {back}"
+        );
+        for _ in 0..40 {
+            d.window(10 * MS, Some(5));
+        }
+        assert!(
+            d.limit.limit() <= 64,
+            "never above initial_limit while calm"
+        );
+    }
+
     #[test]
     fn the_limit_drops_when_latency_doubles() {
         let mut d = Driver::new(policy());
@@ -569,6 +643,25 @@ mod tests {
         assert!(no_load >= 12 * MS && no_load < 13 * MS, "{no_load:?}");
         assert_eq!(d.limit.limit(), adapted, "the adapted limit is restored");
         assert_eq!(d.limit.measurements(), 2);
+    }
+
+    /// At the scheduled re-measurement, a service using under half its limit is not pinned to
+    /// the floor (that would refuse its next burst and change nothing): the measurement waits
+    /// an interval, and the limit stays.
+    #[test]
+    fn a_service_under_half_its_limit_is_not_pinned_to_re_measure() {
+        let mut d = Driver::new(AdmissionPolicy {
+            min_rtt_interval: Duration::from_secs(30),
+            ..policy()
+        });
+        d.measure(10 * MS);
+        let due = d.limit.next_measurement().expect("scheduled");
+        d.now = due;
+        d.sample(10 * MS, 5, false); // 5 in flight of 64
+        assert!(!d.limit.is_measuring_min_rtt());
+        assert_eq!(d.limit.limit(), 64);
+        let later = d.limit.next_measurement().expect("rescheduled");
+        assert!(later >= due + Duration::from_secs(30), "{:?}", later - due);
     }
 
     #[test]

@@ -32,6 +32,11 @@ pub struct AdmissionPolicy {
     pub smoothing: f64,
     /// How many times the no-load latency requests may take before the limit shrinks.
     pub tolerance: f64,
+    /// Latency (at `sample_percentile`) the callers' deadlines can afford whatever the no-load
+    /// latency: below it the limit never shrinks. A busy machine's queueing is not overload
+    /// while it costs a small part of the deadline.
+    #[serde(with = "humantime_serde")]
+    pub latency_target: Duration,
     /// How often the limit is recomputed from the samples of the window.
     #[serde(with = "humantime_serde")]
     pub sample_window: Duration,
@@ -72,6 +77,7 @@ impl Default for AdmissionPolicy {
             max_limit: 1000,
             smoothing: 0.2,
             tolerance: 1.5,
+            latency_target: Duration::from_millis(50),
             sample_window: Duration::from_millis(250),
             samples_per_window: 10,
             sample_percentile: 90.0,
@@ -111,6 +117,10 @@ impl AdmissionPolicy {
         }
         if !(1.0..=10.0).contains(&self.tolerance) {
             return bad("tolerance", self.tolerance.to_string(), "must be 1.0-10.0");
+        }
+        if self.latency_target > Duration::from_secs(60) {
+            let value = format!("{:?}", self.latency_target);
+            return bad("latency_target", value, "must be at most 60s");
         }
         if !(Duration::from_millis(10)..=Duration::from_secs(10)).contains(&self.sample_window) {
             return bad(
@@ -553,6 +563,7 @@ mod tests {
     fn the_gradient_limiter_learns_and_reports_the_expected_wait() {
         let policy = AdmissionPolicy {
             min_rtt_jitter: Duration::ZERO,
+            latency_target: Duration::ZERO,
             initial_limit: 64,
             min_limit: 8,
             ..AdmissionPolicy::default()
@@ -611,7 +622,8 @@ mod tests {
         policy.validate().expect("defaults are valid");
         let parsed: AdmissionPolicy = toml::from_str(
             "enabled = true\ninitial_limit = 256\nmin_limit = 64\nmax_limit = 1000\n\
-             smoothing = 0.2\ntolerance = 1.5\nsample_window = \"250ms\"\n\
+             smoothing = 0.2\ntolerance = 1.5\nlatency_target = \"50ms\"\n\
+             sample_window = \"250ms\"\n\
              samples_per_window = 10\nsample_percentile = 90.0\nmin_rtt_interval = \"30s\"\n\
              min_rtt_jitter = \"3s\"\nmin_rtt_samples = 25\ndrop_backoff = 0.9\n\
              retry_after = \"1s\"\n",
