@@ -319,6 +319,9 @@ async fn releases_are_not_starved_by_captures_when_the_retry_budget_is_spent() {
         c.retry_budget.floor_per_second = 1;
         c.worker.backoff_base = Duration::from_millis(20);
         c.worker.backoff_cap = Duration::from_millis(100);
+        // This is about the retry budget: Capture's own breaker would stop the failing
+        // captures before they reach the wallet.
+        c.breaker.min_calls = 100_000;
     })
     .await;
     h.configure("wallet", "Capture", behavior(0, Fault::Unavailable))
@@ -337,8 +340,7 @@ async fn releases_are_not_starved_by_captures_when_the_retry_budget_is_spent() {
         let placed = h.place_ok(denied, SECOND).await;
         assert_eq!(placed.reason, "FRAUD_DENIED");
     }
-    // Every release has failed once; every capture has failed (and the wallet's breaker may
-    // have opened, so retries are refused before they are sent).
+    // Every release has failed once; every capture has failed.
     h.method_until("inventory", "Release", 10 * SECOND, |m| m.errors >= 3)
         .await;
     h.method_until("wallet", "Capture", 10 * SECOND, |m| m.errors >= 20)
