@@ -234,6 +234,11 @@ async fn a_failing_hold_opens_its_own_breaker_and_metrics_show_it() {
     const LOOKUP: &str = "wallet.v1.WalletService/LookupByReference";
     let (_, before) = get(admin, "/metrics").await;
     assert_eq!(state(&before, HOLD, "closed"), 1.0, "{before}");
+    // The admission limit is published from start, before any order.
+    assert!(
+        sample(&before, "checkout_admission_limit") >= 1.0,
+        "{before}"
+    );
 
     h.control
         .configure(

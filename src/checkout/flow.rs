@@ -83,9 +83,12 @@ impl Progress {
 impl Orchestrator {
     /// An orchestrator over shared downstream clients and a store.
     pub fn new(config: Arc<Config>, downstreams: Downstreams, store: Arc<dyn OrderStore>) -> Self {
+        let limiter = AdaptiveLimiter::new(&config.admission);
+        // The gauges show the limit from the start, not from the first order.
+        metrics::admission(limiter.limit(), limiter.in_flight());
         Self {
             budgeter: Budgeter::new(&config),
-            limiter: AdaptiveLimiter::new(&config.admission),
+            limiter,
             config,
             downstreams,
             store,

@@ -228,7 +228,7 @@ impl Metrics {
         );
         registry.register(
             "checkout_admission_limit",
-            "The adaptive concurrency limit on PlaceOrder, as of the last admission decision",
+            "The adaptive concurrency limit on PlaceOrder, as of the last admission decision (or start)",
             m.admission_limit.clone(),
         );
         registry.register(
