@@ -528,8 +528,8 @@ pub struct StoreConfig {
     /// SQLite durability.
     pub sqlite_synchronous: SqliteSynchronous,
     /// Cap, in MiB, on the memory SQLite keeps in this process (its page caches above all:
-    /// every connection fills its own with the pages it touched, and with random order ids that
-    /// is ever more distinct pages as the file grows). Applied as SQLite's soft heap limit:
+    /// every connection fills its own with the pages it touched, more of them as the file
+    /// grows). Applied as SQLite's soft heap limit:
     /// past it SQLite reuses cached pages instead of allocating; an evicted page is read again
     /// from the operating system's cache.
     pub sqlite_memory_limit_mib: u32,

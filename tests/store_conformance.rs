@@ -121,6 +121,9 @@ async fn claim(store: &dyn OrderStore, owner: &str, now_ms: i64, lease_until_ms:
         .claim_due(owner, now_ms, lease_until_ms, 100)
         .await
         .expect("claim_due")
+        .into_iter()
+        .map(|claimed| claimed.job)
+        .collect()
 }
 
 /// Claims the one job due at `now_ms`.
@@ -525,15 +528,23 @@ mod cases {
                 .is_empty()
         );
         let first = store.claim_due("w", 100, 500, 3).await.expect("claim");
-        let ids: Vec<_> = first.iter().map(|j| j.order_id.as_str()).collect();
+        let ids: Vec<_> = first.iter().map(|c| c.job.order_id.as_str()).collect();
         assert_eq!(ids, ["o-e", "o-d", "o-c"]);
         assert!(
             first
                 .iter()
-                .all(|j| j.lease_owner == "w" && j.lease_until_ms == 500)
+                .all(|c| c.job.lease_owner == "w" && c.job.lease_until_ms == 500)
         );
+        // Each job comes with its order as stored.
+        for claimed in &first {
+            let order = claimed
+                .order
+                .as_ref()
+                .expect("the order is claimed with its job");
+            assert_eq!(*order, stored(store, &claimed.job.order_id).await);
+        }
         let rest = store.claim_due("w", 100, 500, 3).await.expect("claim");
-        let ids: Vec<_> = rest.iter().map(|j| j.order_id.as_str()).collect();
+        let ids: Vec<_> = rest.iter().map(|c| c.job.order_id.as_str()).collect();
         assert_eq!(ids, ["o-b", "o-a"]);
     }
 
@@ -1518,8 +1529,8 @@ mod postgres_replicas {
                     if jobs.is_empty() {
                         return ids;
                     }
-                    assert!(jobs.iter().all(|j| j.lease_owner == owner));
-                    ids.extend(jobs.iter().map(|j| j.id));
+                    assert!(jobs.iter().all(|c| c.job.lease_owner == owner));
+                    ids.extend(jobs.iter().map(|c| c.job.id));
                 }
             })
         };

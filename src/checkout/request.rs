@@ -342,7 +342,10 @@ mod tests {
     fn order_ids_sort_by_the_time_they_were_drawn() {
         let earlier = order_id_at(1_764_583_200_000, [0xff; 10]);
         let later = order_id_at(1_764_583_200_001, [0x00; 10]);
-        assert!(is_order_id(&earlier) && is_order_id(&later), "{earlier} {later}");
+        assert!(
+            is_order_id(&earlier) && is_order_id(&later),
+            "{earlier} {later}"
+        );
         assert!(earlier < later, "{earlier} should sort before {later}");
         assert_eq!(&earlier[4..16], "019ad95ad500", "the time, in hex");
         assert_eq!(&earlier[16..], "ffffffffffffffffffff", "the random part");

@@ -7,8 +7,8 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::{
-    Begin, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord,
-    OrderStatus, OrderStore, ParkedJob, Phase, StoreError, TimeLimit, sql,
+    Begin, Claimed, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewOrder,
+    OrderRecord, OrderStatus, OrderStore, ParkedJob, Phase, StoreError, TimeLimit, sql,
 };
 
 /// The state of a job row.
@@ -394,7 +394,7 @@ impl OrderStore for MemoryStore {
         now_ms: i64,
         lease_until_ms: i64,
         limit: usize,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<Claimed>, StoreError> {
         let mut state = self.lock()?;
         let due: Vec<i64> = state
             .pending
@@ -409,7 +409,7 @@ impl OrderStore for MemoryStore {
                 job.run_at_ms = lease_until_ms;
             });
             if let Some(job) = state.jobs.get(&id) {
-                claimed.push(Job {
+                let job = Job {
                     id,
                     order_id: job.order_id.clone(),
                     kind: job.kind,
@@ -418,7 +418,9 @@ impl OrderStore for MemoryStore {
                     failing_since_ms: job.failing_since_ms,
                     lease_owner: owner.to_owned(),
                     lease_until_ms,
-                });
+                };
+                let order = state.record(&job.order_id);
+                claimed.push(Claimed { job, order });
             }
         }
         Ok(claimed)

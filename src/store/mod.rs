@@ -47,7 +47,7 @@ mod sqlite;
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 pub use records::{
-    Begin, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewJob, NewOrder,
+    Begin, Claimed, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewJob, NewOrder,
     OrderRecord, OrderStatus, ParkedJob, Phase, StoreError, TimeLimit,
 };
 pub use sqlite::{SqliteStore, limit_memory as limit_sqlite_memory};
@@ -187,15 +187,16 @@ pub trait OrderStore: Send + Sync + 'static {
     ) -> Result<bool, StoreError>;
 
     /// Leases up to `limit` due jobs to `owner` until `lease_until_ms`: pending jobs whose
-    /// `run_at` has passed (a crashed worker's lease simply expires). On PostgreSQL concurrent
-    /// claimers never receive the same job (`FOR UPDATE SKIP LOCKED`).
+    /// `run_at` has passed (a crashed worker's lease simply expires), oldest due first, each
+    /// with its order as stored. On PostgreSQL concurrent claimers never receive the same job
+    /// (`FOR UPDATE SKIP LOCKED`).
     async fn claim_due(
         &self,
         owner: &str,
         now_ms: i64,
         lease_until_ms: i64,
         limit: usize,
-    ) -> Result<Vec<Job>, StoreError>;
+    ) -> Result<Vec<Claimed>, StoreError>;
 
     /// Ends one attempt of a leased job. Returns false (changing nothing) when the lease was
     /// lost to another worker in the meantime. `JobOutcome::Done` may carry a decision for the

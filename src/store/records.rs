@@ -272,6 +272,16 @@ pub struct NewJob {
     pub reschedule: bool,
 }
 
+/// A job just leased, with its order as stored at that moment: read in the same call, so that
+/// the worker does not go back to the store for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The leased job.
+    pub job: Job,
+    /// Its order; `None` when it was purged (the job has nothing left to do).
+    pub order: Option<OrderRecord>,
+}
+
 /// A leased job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Job {

@@ -36,7 +36,9 @@ use crate::checkout::millis;
 use crate::config::Config;
 use crate::deadline::{Deadline, now_ms};
 use crate::downstream::Downstreams;
-use crate::store::{Failure, Job, JobKind, JobOutcome, OrderRecord, OrderStatus, OrderStore};
+use crate::store::{
+    Claimed, Failure, Job, JobKind, JobOutcome, OrderRecord, OrderStatus, OrderStore,
+};
 use crate::telemetry;
 
 /// Works jobs until stopped.
@@ -210,7 +212,7 @@ impl Worker {
             // Fewer than asked for: nothing else is due yet.
             let drained = claimed.len() < free;
             let mut first = Some(first);
-            for job in claimed {
+            for claimed in claimed {
                 let permit = match first.take() {
                     Some(permit) => permit,
                     None => match Arc::clone(&slots).acquire_owned().await {
@@ -221,7 +223,7 @@ impl Worker {
                 let this = Arc::clone(&self);
                 let stop = stop.clone();
                 attempts.spawn(async move {
-                    this.work(job, &stop).await;
+                    this.work(claimed, &stop).await;
                     drop(permit);
                 });
             }
@@ -240,31 +242,23 @@ impl Worker {
 
     /// One attempt of one leased job, and its outcome written back. Its log lines carry the
     /// order id and the trace id; its calls run in a job span linked to the order's trace.
-    pub async fn work(&self, job: Job, stop: &CancellationToken) {
+    pub async fn work(&self, claimed: Claimed, stop: &CancellationToken) {
+        let Claimed { job, order } = claimed;
         let log = tracing::info_span!(
             "job",
             order_id = %job.order_id,
             kind = job.kind.as_str(),
             trace_id = tracing::field::Empty,
         );
-        self.work_in_span(job, stop).instrument(log).await;
+        self.work_in_span(job, order, stop).instrument(log).await;
     }
 
-    async fn work_in_span(&self, job: Job, stop: &CancellationToken) {
+    async fn work_in_span(&self, job: Job, order: Option<OrderRecord>, stop: &CancellationToken) {
         let policy = &self.config.worker;
-        let order = match self.store.get(&job.order_id).await {
-            Ok(Some(order)) => order,
+        let Some(order) = order else {
             // Purged with its order: nothing left to do.
-            Ok(None) => {
-                self.finish(&job, &JobOutcome::Done(None)).await;
-                return;
-            }
-            Err(e) => {
-                let error = JobError::Transient(format!("reading the order: {e}"));
-                let outcome = self.after_failure(&job, error, now_ms());
-                self.finish(&job, &outcome).await;
-                return;
-            }
+            self.finish(&job, &JobOutcome::Done(None)).await;
+            return;
         };
         let budget = self.budget_for(job.kind, Some(&order));
         if job.attempts > 0 && !budget.try_retry() {

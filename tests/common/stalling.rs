@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use checkout::store::{
-    Begin, Decision, Job, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
+    Begin, Claimed, Decision, Job, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
     ParkedJob, StoreError, TimeLimit,
 };
 use tokio::sync::Notify;
@@ -102,7 +102,7 @@ impl OrderStore for StallingStore {
         now_ms: i64,
         lease_until_ms: i64,
         limit: usize,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<Claimed>, StoreError> {
         self.inner
             .claim_due(owner, now_ms, lease_until_ms, limit)
             .await

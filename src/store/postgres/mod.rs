@@ -26,8 +26,8 @@ use sqlx::{AssertSqlSafe, Connection, Postgres, Row, Transaction};
 
 use super::call::{Call, Fail, migrate_error, open_error};
 use super::{
-    Begin, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
-    ParkedJob, StoreError, TimeLimit, schema, sql,
+    Begin, Claimed, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord,
+    OrderStore, ParkedJob, StoreError, TimeLimit, schema, sql,
 };
 use writer::Writer;
 
@@ -318,7 +318,7 @@ impl OrderStore for PostgresStore {
         now_ms: i64,
         lease_until_ms: i64,
         limit: usize,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<Claimed>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -338,7 +338,18 @@ impl OrderStore for PostgresStore {
                 .collect::<Result<Vec<_>, _>>()?;
             // RETURNING has no order: restore "oldest due first".
             claimed.sort_unstable_by_key(|(due_at_ms, job)| (*due_at_ms, job.id));
-            Ok(claimed.into_iter().map(|(_, job)| job).collect())
+            // Their orders in one more statement (autocommit: the claim above is committed
+            // already, so a failure here leaves the jobs leased until the lease runs out).
+            let ids: Vec<&str> = claimed.iter().map(|(_, j)| j.order_id.as_str()).collect();
+            let orders = batch::load(&mut conn, &ids).await?;
+            Ok(claimed
+                .into_iter()
+                .map(|(_, job)| {
+                    // Cloned: an order's capture and commit may be claimed together.
+                    let order = orders.get(&job.order_id).cloned();
+                    Claimed { job, order }
+                })
+                .collect())
         })
         .await
     }

@@ -34,7 +34,7 @@ use sqlx::sqlite::{
 
 use super::call::{migrate_error, open_error};
 use super::{
-    Begin, Decision, Job, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
+    Begin, Claimed, Decision, Job, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
     ParkedJob, StoreError, TimeLimit, schema, sql,
 };
 use crate::config::SqliteSynchronous;
@@ -324,7 +324,7 @@ impl OrderStore for SqliteStore {
         now_ms: i64,
         lease_until_ms: i64,
         limit: usize,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<Claimed>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());
         }

@@ -12,8 +12,8 @@ use std::fmt::Write as _;
 use rusqlite::{Connection, named_params};
 
 use super::super::{
-    Begin, Decision, Failure, Job, JobKind, JobOutcome, Money, NewJob, NewOrder, OrderRecord,
-    StoreError, sql,
+    Begin, Claimed, Decision, Failure, Job, JobKind, JobOutcome, Money, NewJob, NewOrder,
+    OrderRecord, StoreError, sql,
 };
 use super::error::Fail;
 use super::rows::{Lite, job_from_row, load, load_by_key};
@@ -261,8 +261,9 @@ pub(super) struct Claim {
     pub(super) limit: i64,
 }
 
-/// [`crate::store::OrderStore::claim_due`]: the due jobs, then the same jobs leased.
-pub(super) fn claim_due(conn: &Connection, claim: &Claim) -> Result<Vec<Job>, Fail> {
+/// [`crate::store::OrderStore::claim_due`]: the due jobs, then the same jobs leased, then
+/// each job's order (from the writer's page cache, in the claim's transaction).
+pub(super) fn claim_due(conn: &Connection, claim: &Claim) -> Result<Vec<Claimed>, Fail> {
     let jobs = conn
         .prepare_cached(DUE_JOBS)?
         .query_map(
@@ -280,7 +281,12 @@ pub(super) fn claim_due(conn: &Connection, claim: &Claim) -> Result<Vec<Job>, Fa
                 "$4": claim.lease_until_ms,
             })?;
     }
-    Ok(jobs)
+    jobs.into_iter()
+        .map(|job| {
+            let order = load(conn, &job.order_id)?;
+            Ok(Claimed { job, order })
+        })
+        .collect()
 }
 
 /// [`crate::store::OrderStore::finish_job`]: one statement ends the attempt if the lease
