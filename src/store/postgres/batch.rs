@@ -239,7 +239,7 @@ fn rounds<T, K: Hash + Eq>(mut items: Vec<T>, key: impl Fn(&T) -> K) -> Vec<Vec<
     rounds
 }
 
-/// Reads the orders `ids` (any order, each once), by id.
+/// Reads the orders `ids` by id (in any order; an id given twice is read once).
 pub(super) async fn load(
     conn: &mut PgConnection,
     ids: &[&str],
