@@ -8,13 +8,13 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use super::{JobKind, JobStats, Money, NewOrder, OrderRecord, OrderStatus, Phase, StoreError};
 
-/// `SELECT` of orders (`FROM orders o`, no `WHERE`) with every column [`order_from_row`] reads,
-/// including `parked_jobs`: the comma-separated kinds of the order's parked jobs, built by the
-/// backend's string aggregate (`group_concat` or `string_agg`).
-macro_rules! select_orders_sql {
+/// The columns of an order (table alias `o`) that [`order_from_row`] reads, including
+/// `parked_jobs`: the comma-separated kinds of the order's parked jobs, built by the backend's
+/// string aggregate (`group_concat` or `string_agg`).
+macro_rules! order_columns_sql {
     ($aggregate:literal) => {
         concat!(
-            "SELECT o.order_id, o.scope, o.idempotency_key, o.request_hash, o.customer_id, ",
+            "o.order_id, o.scope, o.idempotency_key, o.request_hash, o.customer_id, ",
             "o.cart_id, o.wallet_account_id, o.expected_currency, o.expected_minor, ",
             "o.deadline_ms, o.phase, o.status, o.reason, o.retryable, o.retry_after_ms, ",
             "o.total_currency, o.total_minor, o.hold_id, o.hold_sent_at_ms, o.fraud_review, ",
@@ -22,8 +22,20 @@ macro_rules! select_orders_sql {
             "(SELECT ",
             $aggregate,
             "(j.kind, ',') FROM jobs j WHERE j.order_id = o.order_id AND j.state = 'parked') ",
-            "AS parked_jobs ",
-            "FROM orders o"
+            "AS parked_jobs"
+        )
+    };
+}
+pub(super) use order_columns_sql;
+
+/// `SELECT` of orders (`FROM orders o`, no `WHERE`) with every column [`order_from_row`] reads
+/// ([`order_columns_sql`]).
+macro_rules! select_orders_sql {
+    ($aggregate:literal) => {
+        concat!(
+            "SELECT ",
+            $crate::store::sql::order_columns_sql!($aggregate),
+            " FROM orders o"
         )
     };
 }
