@@ -1,5 +1,5 @@
 //! A PlaceOrder request made safe to act on: every field validated (all violations reported at
-//! once), the idempotency scope read from `x-client-id`, a fresh random order id drawn, and the
+//! once), the idempotency scope read from `x-client-id`, a fresh order id drawn, and the
 //! canonical request hash derived.
 
 use sha2::{Digest, Sha256};
@@ -35,8 +35,9 @@ impl FieldViolation {
 /// A validated PlaceOrder request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderRequest {
-    /// The id this request's order gets if the key is new: random, so it reveals nothing of the
-    /// scope or key, and a key reused after retention makes a new order with new references.
+    /// The id this request's order gets if the key is new: drawn fresh (its time, then 80
+    /// random bits), so it reveals nothing of the scope or key, and a key reused after retention
+    /// makes a new order with new references.
     pub order_id: String,
     /// `<x-client-id>:checkout`.
     pub scope: String,

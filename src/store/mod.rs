@@ -11,8 +11,9 @@
 //! `park_after` of transient failures; an operator re-queues parked jobs
 //! ([`OrderStore::retry_parked`]).
 //!
-//! Order ids are random per order, and the idempotency key is unique per scope: a key reused
-//! after its order was purged makes a new order, with new wallet and inventory references.
+//! Order ids are drawn fresh per order (the time in ms, then 80 random bits), never derived from
+//! the key, and the idempotency key is unique per scope: a key reused after its order was
+//! purged makes a new order, with new wallet and inventory references.
 //!
 //! # Layout
 //! - [`MemoryStore`] (`memory.rs`): the reference semantics, in process memory.
