@@ -3,7 +3,7 @@
 
 use std::cell::Cell;
 
-use rusqlite::types::FromSql;
+use rusqlite::types::{FromSql, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Row, named_params};
 
 use super::super::{Claimed, Job, JobKind, JobStats, OrderRecord, ParkedJob, StoreError, sql};
@@ -58,6 +58,15 @@ impl<'a, 'stmt> Lite<'a, 'stmt> {
         )))
     }
 
+    /// Whether the column named `name` is NULL, read without decoding it.
+    fn is_null(&self, name: &'static str) -> Result<bool, StoreError> {
+        let value = self
+            .row
+            .get_ref(self.index(name)?)
+            .map_err(|e| StoreError::Corrupt(format!("column {name}: {e}")))?;
+        Ok(value == ValueRef::Null)
+    }
+
     fn get<T: FromSql>(&self, name: &'static str) -> Result<T, StoreError> {
         self.row
             .get(self.index(name)?)
@@ -106,9 +115,10 @@ pub(super) fn claimed_from_row(
         lease_owner: owner.to_owned(),
         lease_until_ms,
     };
-    let order = match row.opt_text("order_id")? {
-        Some(_) => Some(sql::order_from_row(&row)?),
-        None => None,
+    let order = if row.is_null("order_id")? {
+        None
+    } else {
+        Some(sql::order_from_row(&row)?)
     };
     Ok(Claimed { job, order })
 }
