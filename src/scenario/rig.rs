@@ -84,16 +84,42 @@ impl Rig {
         &self,
         n: usize,
     ) -> Result<Vec<CheckoutServiceClient<Channel>>, ScenarioError> {
-        let mut clients = Vec::with_capacity(n);
-        for _ in 0..n {
-            let channel = tonic::transport::Endpoint::from_shared(self.server.uri())
-                .map_err(|e| ScenarioError::Setup(format!("orchestrator address: {e}")))?
-                .tcp_nodelay(true)
-                .connect()
-                .await?;
-            clients.push(CheckoutServiceClient::new(channel));
-        }
-        Ok(clients)
+        connect_checkout(&self.server.uri(), n).await
+    }
+
+    /// Runs `load` with `n` CheckoutService clients (as [`Rig::checkout_clients`]) on a tokio
+    /// runtime of its own, on a thread of its own, as callers in another process would be. On
+    /// the rig's runtime the loader's tasks would wait in the same run queue as the server's:
+    /// under overload a refusal would be late because the *caller* could not run, and the
+    /// server's queueing would be counted twice. The OS shares the cores between the two
+    /// runtimes' threads, as between two processes.
+    pub async fn from_client_side<T, F, Fut>(&self, n: usize, load: F) -> Result<T, ScenarioError>
+    where
+        F: FnOnce(Vec<CheckoutServiceClient<Channel>>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, ScenarioError>>,
+        T: Send + 'static,
+    {
+        let uri = self.server.uri();
+        let (done, result) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("scenario-client".to_owned())
+            .spawn(move || {
+                let ran = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(ScenarioError::from)
+                    .and_then(|runtime| {
+                        runtime.block_on(async move {
+                            let clients = connect_checkout(&uri, n).await?;
+                            load(clients).await
+                        })
+                    });
+                // The receiver is gone only if the scenario itself was dropped.
+                let _ = done.send(ran);
+            })?;
+        result
+            .await
+            .map_err(|_| ScenarioError::Setup("the client thread panicked".to_owned()))?
     }
 
     /// Stops the orchestrator (in-flight orders finish by their deadlines) and the stubs.
@@ -223,6 +249,23 @@ impl Rig {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// `n` CheckoutService clients of the orchestrator at `uri`, each over its own HTTP/2 connection.
+async fn connect_checkout(
+    uri: &str,
+    n: usize,
+) -> Result<Vec<CheckoutServiceClient<Channel>>, ScenarioError> {
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        let channel = tonic::transport::Endpoint::from_shared(uri.to_owned())
+            .map_err(|e| ScenarioError::Setup(format!("orchestrator address: {e}")))?
+            .tcp_nodelay(true)
+            .connect()
+            .await?;
+        clients.push(CheckoutServiceClient::new(channel));
+    }
+    Ok(clients)
 }
 
 /// `message` sent as the scenarios' client ([`CLIENT_ID`]).
