@@ -13,6 +13,9 @@ const BLOCKING_THREADS: usize = 24;
 
 fn main() -> anyhow::Result<()> {
     let cli = checkout::cli::Cli::parse();
+    if let Err(error) = disable_transparent_huge_pages() {
+        eprintln!("warning: transparent huge pages stay on: {error}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         // serve's SQLite reads run on the blocking pool, at most `store.max_connections` (16)
         // at once. Tokio's default allows 512 threads and starts one whenever none is idle at
@@ -22,4 +25,35 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(checkout::cli::run(cli))
+}
+
+/// Turns transparent huge pages (THP) off for this process, unless `MIMALLOC_ALLOW_THP` is set
+/// (mimalloc's own switch: `1` keeps them, `0` turns them off the same way).
+///
+/// mimalloc asks the kernel for huge pages on its segments and hands freed memory back after
+/// 10 ms; whenever the heap grows again (a burst: hundreds more tasks and buffers), each
+/// first touch faults in a whole 2 MiB page, zeroed by the kernel on the faulting thread. In a
+/// surge both tokio workers spent 20-65 ms at a time doing that (`clear_page_erms` under
+/// `do_huge_pmd_anonymous_page` in `perf record`), every task stalled, and the refusals meant
+/// to be answered at once waited 45-70 ms; without THP, 10-16 ms (docs/benchmarks.md, issue
+/// 9). The cost is more TLB misses, not measurable in the benchmark's CPU per order.
+#[cfg(target_os = "linux")]
+fn disable_transparent_huge_pages() -> std::io::Result<()> {
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+        return Ok(());
+    }
+    // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and reads or writes no memory of
+    // this process; it sets a flag the kernel checks when it maps pages.
+    let set = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if set == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Transparent huge pages are a Linux matter.
+#[cfg(not(target_os = "linux"))]
+fn disable_transparent_huge_pages() -> std::io::Result<()> {
+    Ok(())
 }

@@ -565,3 +565,53 @@ async fn json_logs_name_the_order_and_the_trace() {
     );
     assert_eq!(inside["span"]["trace_id"], trace, "{inside}");
 }
+
+/// `checkout stubs` started with `envs`; returns the child once it announced its address (its
+/// `main` has run by then).
+async fn spawn_stubs_with_env(envs: &[(&str, &str)]) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["stubs", "--listen", "127.0.0.1:0"])
+        .envs(envs.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn checkout stubs");
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::time::timeout(
+        Duration::from_secs(30),
+        BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("stubs announced their address in time")
+    .unwrap()
+    .expect("a line on stdout");
+    assert!(line.contains("serving on"), "{line}");
+    child
+}
+
+/// The `THP_enabled` flag of process `pid` (Linux's /proc/PID/status).
+fn thp_enabled(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .expect("the kernel reports THP_enabled")
+        .trim()
+        .to_owned()
+}
+
+/// Transparent huge pages are off in the binary's processes (their 2 MiB zeroing on first touch
+/// stalled the runtime under surges), and `MIMALLOC_ALLOW_THP` keeps them on if asked.
+#[tokio::test]
+async fn the_binary_turns_transparent_huge_pages_off_unless_told_otherwise() {
+    let mut default = spawn_stubs_with_env(&[]).await;
+    let pid = default.id().expect("running");
+    assert_eq!(thp_enabled(pid), "0", "THP off by default");
+    default.kill().await.unwrap();
+
+    let mut kept = spawn_stubs_with_env(&[("MIMALLOC_ALLOW_THP", "1")]).await;
+    let pid = kept.id().expect("running");
+    assert_eq!(thp_enabled(pid), "1", "MIMALLOC_ALLOW_THP=1 keeps THP");
+    kept.kill().await.unwrap();
+}
