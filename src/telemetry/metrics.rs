@@ -84,6 +84,11 @@ struct KindLabel {
     kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchLabel {
+    watch: &'static str,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn histogram() -> Histogram {
@@ -116,6 +121,7 @@ struct Metrics {
     overloaded: Family<CauseLabel, Counter>,
     admission_limit: Gauge,
     admission_in_flight: Gauge,
+    stall_watch_lag: Histograms<WatchLabel>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -143,6 +149,7 @@ impl Metrics {
             overloaded: Family::default(),
             admission_limit: Gauge::default(),
             admission_in_flight: Gauge::default(),
+            stall_watch_lag: histograms(),
             registry: Registry::default(),
         };
         // Counters are registered without `_total`: the encoder appends it.
@@ -240,6 +247,11 @@ impl Metrics {
             "checkout_telemetry_metric_pushes_failed",
             "OTLP metric pushes that failed or timed out (the next push carries the totals again)",
             m.metric_pushes_failed.clone(),
+        );
+        registry.register(
+            "checkout_stall_watch_lag_seconds",
+            "How late each 10 ms tick of the stall watch woke: watch=runtime is a tokio task (late when the runtime's threads are busy or blocked), watch=thread an OS thread (late when the process gets no CPU)",
+            m.stall_watch_lag.clone(),
         );
         Self { registry, ..m }
     }
@@ -394,6 +406,14 @@ pub fn metric_push_failed() {
     METRICS.metric_pushes_failed.inc();
 }
 
+/// One tick of the stall watch (`runtime` or `thread`) woke `lag` late.
+pub fn stall_watch_lag(watch: &'static str, lag: Duration) {
+    METRICS
+        .stall_watch_lag
+        .get_or_create(&WatchLabel { watch })
+        .observe(lag.as_secs_f64());
+}
+
 /// The breaker of the downstream `method` entered `state`.
 pub fn breaker_state(method: &'static str, state: crate::downstream::BreakerState) {
     use crate::downstream::BreakerState;
@@ -439,6 +459,7 @@ mod tests {
         retry_budget_exhausted();
         store_write("begin", Duration::from_millis(1));
         spans_dropped(1);
+        stall_watch_lag("thread", Duration::from_micros(80));
         let text = encode();
         for name in [
             "rpc_server_call_duration_seconds_bucket{",
@@ -455,6 +476,7 @@ mod tests {
             "checkout_retry_budget_exhausted_total ",
             "checkout_store_write_duration_seconds_bucket{",
             "checkout_telemetry_spans_dropped_total ",
+            "checkout_stall_watch_lag_seconds_count{watch=\"thread\"} ",
             "le=\"0.001\"",
             "le=\"2.5\"",
         ] {
