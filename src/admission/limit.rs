@@ -3,9 +3,13 @@
 //! [`GradientLimit`] is the adaptive one: Envoy's gradient controller with Gradient2's smoothing.
 //!
 //! # The gradient algorithm
-//! - **No-load latency.** The limit is pinned to `min_limit` while `min_rtt_samples` requests
-//!   that *started* inside that window finish; their `sample_percentile` latency becomes the
-//!   no-load RTT. This happens at start, then every `min_rtt_interval ± min_rtt_jitter` (the
+//! - **No-load latency.** The `sample_percentile` latency of the first `min_rtt_samples`
+//!   requests that *started* inside a measurement becomes the no-load RTT. The first
+//!   measurement, at start, runs at `initial_limit`: nothing is known yet, and a fresh replica
+//!   meets whatever burst is in flight at that moment (pinned to the floor, the `cart-stall`
+//!   scenario's 200 orders at start were refused but 64). Re-measurements pin the limit to
+//!   `min_limit` while they run, so that they see the service unloaded; they happen every
+//!   `min_rtt_interval ± min_rtt_jitter` (the
 //!   jitter keeps replicas from probing in step) if at least half the limit is in use at that
 //!   moment (otherwise the limit is not moving, a new baseline would change nothing, and the pin
 //!   would only refuse a healthy burst: the 10-minute soak at 1,100/s lost orders to it), and
@@ -200,7 +204,8 @@ impl GradientLimit {
         self.recent
     }
 
-    /// The limit is pinned to the floor while the no-load latency is being measured.
+    /// The no-load latency is being measured: at `initial_limit` the first time, pinned to the
+    /// floor when measured again.
     pub fn is_measuring_min_rtt(&self) -> bool {
         matches!(self.phase, Phase::MeasuringMinRtt { .. })
     }
@@ -333,6 +338,8 @@ impl Limit for GradientLimit {
 
     fn limit(&self) -> usize {
         match self.phase {
+            // The first measurement: nothing learned yet, so the initial limit holds.
+            Phase::MeasuringMinRtt { .. } if self.no_load.is_none() => self.estimate as usize,
             Phase::MeasuringMinRtt { .. } => self.policy.min_limit,
             // `estimate` is kept within [min_limit, max_limit], both usize.
             Phase::Adapting { .. } => self.estimate as usize,
@@ -413,9 +420,14 @@ mod tests {
     }
 
     #[test]
-    fn the_first_no_load_latency_is_measured_at_the_floor_then_the_initial_limit_applies() {
+    fn the_first_no_load_latency_is_measured_at_the_initial_limit() {
         let mut d = Driver::new(policy());
-        assert_eq!(d.limit.limit(), 8, "pinned to min_limit while measuring");
+        assert!(d.limit.is_measuring_min_rtt());
+        assert_eq!(
+            d.limit.limit(),
+            64,
+            "initial_limit while nothing is learned"
+        );
         d.measure(10 * MS);
         let no_load = d.limit.no_load_rtt().expect("measured");
         assert!(no_load >= 10 * MS && no_load < 11 * MS, "{no_load:?}");

@@ -24,7 +24,8 @@ pub struct AdmissionPolicy {
     pub enabled: bool,
     /// The limit before anything has been learned.
     pub initial_limit: usize,
-    /// The floor: the limit never goes lower, and sits here while no-load latency is measured.
+    /// The floor: the limit never goes lower, and sits here while the no-load latency is
+    /// measured again (the first measurement, at start, runs at `initial_limit`).
     pub min_limit: usize,
     /// The ceiling.
     pub max_limit: usize,
@@ -67,8 +68,9 @@ impl Default for AdmissionPolicy {
     /// surge it falls towards 64, which already keeps this service's CPU busy: a higher floor
     /// left so little CPU for refusing that requests queued before admission and timed out
     /// (`scenario surge`, floor 256: 919 answers late), a lower one buys no shorter queues.
-    /// The limit is also pinned to `min_limit` while the no-load latency is measured (about
-    /// `min_rtt_samples` requests, ~25 ms at the peak, every `min_rtt_interval`).
+    /// The limit is also pinned to `min_limit` while the no-load latency is measured again
+    /// (about `min_rtt_samples` requests, ~25 ms at the peak, every `min_rtt_interval`); the
+    /// first measurement, at start, runs at `initial_limit`.
     fn default() -> Self {
         Self {
             enabled: true,
@@ -571,7 +573,11 @@ mod tests {
         let t0 = Instant::now();
         let algorithm = GradientLimit::new(&policy, t0, 1);
         let limiter = AdaptiveLimiter::with_limit(algorithm, true, policy.retry_after);
-        assert_eq!(limiter.limit(), 8, "measuring no-load latency at the floor");
+        assert_eq!(
+            limiter.limit(),
+            64,
+            "measuring no-load latency at the initial limit"
+        );
         assert_eq!(limiter.expected_wait(), Duration::ZERO);
         let ms = Duration::from_millis(1);
         for _ in 0..policy.min_rtt_samples {
