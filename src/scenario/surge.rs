@@ -20,10 +20,13 @@
 
 use std::time::{Duration, Instant};
 
+use tonic::transport::Channel;
+
 use super::rig::{self, Rig};
 use super::samples::Recorder;
 use super::{Options, Report, ScenarioError, ms, percent};
 use crate::load::{self, Phase};
+use crate::proto::checkout::v1::checkout_service_client::CheckoutServiceClient;
 
 /// The deadline of every order.
 const DEADLINE: Duration = Duration::from_secs(2);
@@ -68,13 +71,7 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
                 let recorder = recorder.clone();
                 move |now| {
                     let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let request = rig::request(load::order("saturate", n));
-                    let client = clients[n as usize % clients.len()].clone();
-                    let recorder = recorder.clone();
-                    async move {
-                        let shot = load::place(client, request, DEADLINE, now).await;
-                        recorder.record(&shot);
-                    }
+                    place_recorded(&clients, &recorder, "saturate", n, now)
                 }
             })
             .await?;
@@ -92,8 +89,9 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
     .await?;
 
     let normal = (saturated * NORMAL_SHARE).max(20.0);
-    // Four times the seed's peak in full (or twice saturation, if that is more); quick, four times what this build sustains (a debug
-    // build on a busy machine saturates far below 1,100/s), at most the full surge.
+    // Four times the seed's peak in full, or twice saturation if that is more; quick, four times
+    // what this build sustains (a debug build on a busy machine saturates far below 1,100/s), at
+    // most the full surge.
     let surge_rate = if options.quick {
         (saturated * QUICK_SURGE_FACTOR).clamp(100.0, FULL_SURGE)
     } else {
@@ -132,15 +130,7 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
             let recorder = Recorder::new(start);
             load::open_loop(start, &phases, {
                 let recorder = recorder.clone();
-                move |n, scheduled| {
-                    let request = rig::request(load::order("surge", n));
-                    let client = clients[n as usize % clients.len()].clone();
-                    let recorder = recorder.clone();
-                    async move {
-                        let shot = load::place(client, request, DEADLINE, scheduled).await;
-                        recorder.record(&shot);
-                    }
-                }
+                move |n, scheduled| place_recorded(&clients, &recorder, "surge", n, scheduled)
             })
             .await;
             Ok(recorder)
@@ -216,4 +206,22 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
         matches!((before, third_second), (Some(b), Some(a)) if a <= b * 2),
     );
     Ok(report)
+}
+
+/// Places order `n` of the `key_prefix` series (scheduled at `scheduled`) over the next of
+/// `clients` in turn, and records how it was answered.
+fn place_recorded(
+    clients: &[CheckoutServiceClient<Channel>],
+    recorder: &Recorder,
+    key_prefix: &str,
+    n: u64,
+    scheduled: Instant,
+) -> impl Future<Output = ()> + Send + use<> {
+    let request = rig::request(load::order(key_prefix, n));
+    let client = clients[n as usize % clients.len()].clone();
+    let recorder = recorder.clone();
+    async move {
+        let shot = load::place(client, request, DEADLINE, scheduled).await;
+        recorder.record(&shot);
+    }
 }
