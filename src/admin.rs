@@ -57,7 +57,6 @@ async fn render_metrics(State(admin): State<Admin>) -> impl IntoResponse {
                 metrics::worker_jobs(
                     stats.pending,
                     stats.parked,
-                    stats.done,
                     Duration::from_millis(overdue_ms.unsigned_abs()),
                 );
             }

@@ -536,7 +536,6 @@ impl OrderStore for MemoryStore {
         Ok(JobStats {
             pending: count(JobState::Pending),
             parked: count(JobState::Parked),
-            done: count(JobState::Done),
             orders_pending: state
                 .orders
                 .values()
@@ -549,5 +548,14 @@ impl OrderStore for MemoryStore {
                 .map(|j| j.run_at_ms)
                 .min(),
         })
+    }
+
+    async fn count_done_jobs(&self) -> Result<u64, StoreError> {
+        let state = self.lock()?;
+        Ok(state
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Done)
+            .count() as u64)
     }
 }

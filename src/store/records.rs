@@ -371,15 +371,16 @@ pub struct ParkedJob {
     pub failing_since_ms: Option<i64>,
 }
 
-/// Counts for operators.
+/// Counts of the open work, for operators and for every `/metrics` scrape: each is bounded by
+/// what is in flight or parked, never by retention, so reading them stays cheap however many
+/// finished orders the store keeps (done jobs are counted apart, on request:
+/// [`crate::store::OrderStore::count_done_jobs`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct JobStats {
     /// Jobs waiting to run.
     pub pending: u64,
     /// Jobs parked (after `max_attempts` rejections or `park_after` of transient failures).
     pub parked: u64,
-    /// Jobs finished (until purged with their order).
-    pub done: u64,
     /// Orders still PENDING.
     pub orders_pending: u64,
     /// When the earliest-due pending job was due (epoch ms); `None` without pending jobs.

@@ -40,6 +40,13 @@ const SQLITE: &[Embedded] = &[
     ),
 ];
 
+/// The SQL of the SQLite migrations, oldest first, for tests that build the schema on a bare
+/// connection.
+#[cfg(test)]
+pub(in crate::store) fn sqlite_sql() -> impl Iterator<Item = &'static str> {
+    SQLITE.iter().map(|(_, _, sql)| *sql)
+}
+
 /// PostgreSQL migrations, oldest first.
 const POSTGRES: &[Embedded] = &[
     (

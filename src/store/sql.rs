@@ -204,13 +204,16 @@ pub(super) const RETRY_PARKED_ORDERS: &str = "UPDATE orders SET reason = CASE \
 pub(super) const PROBE: &str = "INSERT INTO store_probe (id, at_ms) VALUES (1, $1) \
      ON CONFLICT (id) DO UPDATE SET at_ms = excluded.at_ms";
 
-/// Counts for [`JobStats`], in field order.
+/// Counts for [`JobStats`], in field order: each reads only open jobs or PENDING orders
+/// through an index whose leading column is the state or status.
 pub(super) const STATS: &str = "SELECT \
      (SELECT COUNT(*) FROM jobs WHERE state = 'pending') AS pending, \
      (SELECT COUNT(*) FROM jobs WHERE state = 'parked') AS parked, \
-     (SELECT COUNT(*) FROM jobs WHERE state = 'done') AS done, \
      (SELECT COUNT(*) FROM orders WHERE status = 'PENDING') AS orders_pending, \
      (SELECT MIN(run_at_ms) FROM jobs WHERE state = 'pending') AS oldest_pending_run_at_ms";
+
+/// [`crate::store::OrderStore::count_done_jobs`]: reads every retained done job.
+pub(super) const COUNT_DONE_JOBS: &str = "SELECT COUNT(*) AS done FROM jobs WHERE state = 'done'";
 
 /// A parked job from a [`LIST_PARKED`] row.
 pub(super) fn parked_from_row<R: Columns + ?Sized>(
@@ -373,7 +376,6 @@ pub(super) fn stats_from_row<R: Columns + ?Sized>(row: &R) -> Result<JobStats, S
     Ok(JobStats {
         pending: count("pending")?,
         parked: count("parked")?,
-        done: count("done")?,
         orders_pending: count("orders_pending")?,
         oldest_pending_run_at_ms: row.opt_int("oldest_pending_run_at_ms")?,
     })

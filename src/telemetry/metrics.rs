@@ -200,7 +200,7 @@ impl Metrics {
         );
         registry.register(
             "checkout_worker_jobs",
-            "Jobs in the store by state, as of the last scrape",
+            "Open jobs in the store by state (pending, parked), as of the last scrape",
             m.worker_jobs.clone(),
         );
         registry.register(
@@ -354,8 +354,9 @@ pub fn call_cancelled(step: &'static str, reason: &'static str) {
         .inc();
 }
 
-/// The store's job counts, read at scrape time.
-pub fn worker_jobs(pending: u64, parked: u64, done: u64, oldest_due: Duration) {
+/// The store's open jobs by state, read at scrape time (never the done ones: see
+/// [`crate::store::JobStats`]).
+pub fn worker_jobs(pending: u64, parked: u64, oldest_due: Duration) {
     let set = |state, n: u64| {
         METRICS
             .worker_jobs
@@ -364,7 +365,6 @@ pub fn worker_jobs(pending: u64, parked: u64, done: u64, oldest_due: Duration) {
     };
     set("pending", pending);
     set("parked", parked);
-    set("done", done);
     METRICS.worker_oldest_due.set(oldest_due.as_secs_f64());
 }
 
@@ -455,7 +455,7 @@ mod tests {
         step_ended("cart", Duration::from_millis(300), Duration::from_millis(2));
         remaining_at_return(Duration::from_millis(900));
         call_cancelled("inventory", "sibling_decided");
-        worker_jobs(1, 0, 2, Duration::ZERO);
+        worker_jobs(1, 0, Duration::ZERO);
         retry_budget_exhausted();
         store_write("begin", Duration::from_millis(1));
         spans_dropped(1);

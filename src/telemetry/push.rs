@@ -344,7 +344,7 @@ mod tests {
     #[test]
     fn a_snapshot_carries_every_kind_with_its_labels() {
         metrics::order_answered("CONFIRMED", "");
-        metrics::worker_jobs(3, 0, 1, Duration::ZERO);
+        metrics::worker_jobs(3, 0, Duration::ZERO);
         metrics::store_write("begin", Duration::from_millis(3));
         let resource = resource([("service.name".to_owned(), text("checkout"))]);
         let request = snapshot(&resource, 1, 2);

@@ -57,6 +57,11 @@ impl OperatorService for OperatorApi {
         _: Request<pb::GetWorkerStatsRequest>,
     ) -> Result<Response<pb::WorkerStats>, Status> {
         let stats = self.store.stats().await.map_err(|e| self.unavailable(e))?;
+        let jobs_done = self
+            .store
+            .count_done_jobs()
+            .await
+            .map_err(|e| self.unavailable(e))?;
         let (mut first_attempts, mut retries, mut retries_deferred) = (0, 0, 0);
         for budget in &self.retry_budgets {
             let (first, retried, deferred) = budget.counts();
@@ -67,7 +72,7 @@ impl OperatorService for OperatorApi {
         Ok(Response::new(pb::WorkerStats {
             jobs_pending: stats.pending,
             jobs_parked: stats.parked,
-            jobs_done: stats.done,
+            jobs_done,
             orders_pending: stats.orders_pending,
             first_attempts,
             retries,

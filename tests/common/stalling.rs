@@ -139,6 +139,10 @@ impl OrderStore for StallingStore {
         self.inner.stats().await
     }
 
+    async fn count_done_jobs(&self) -> Result<u64, StoreError> {
+        self.inner.count_done_jobs().await
+    }
+
     async fn close(&self) {
         self.inner.close().await;
     }

@@ -404,6 +404,18 @@ impl OrderStore for PostgresStore {
         .await
     }
 
+    async fn count_done_jobs(&self) -> Result<u64, StoreError> {
+        let call = self.call(self.background);
+        let mut conn = call.connection(&self.pool).await?;
+        call.run(async {
+            let done: i64 = sqlx::query_scalar(sql::COUNT_DONE_JOBS)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(sql::non_negative(done, "done jobs")?)
+        })
+        .await
+    }
+
     async fn close(&self) {
         self.writer.close().await;
         self.pool.close().await;

@@ -375,6 +375,12 @@ impl OrderStore for SqliteStore {
         self.readers.read(self.background, rows::stats).await
     }
 
+    async fn count_done_jobs(&self) -> Result<u64, StoreError> {
+        self.readers
+            .read(self.background, rows::count_done_jobs)
+            .await
+    }
+
     async fn close(&self) {
         self.checkpointer.close().await;
         self.readers.close().await;
