@@ -38,6 +38,11 @@ const SQLITE: &[Embedded] = &[
         "order traceparent",
         include_str!("migrations/sqlite/0005_order_traceparent.sql"),
     ),
+    (
+        6,
+        "pending jobs index",
+        include_str!("migrations/sqlite/0006_pending_jobs_index.sql"),
+    ),
 ];
 
 /// The SQL of the SQLite migrations, oldest first, for tests that build the schema on a bare
@@ -73,6 +78,11 @@ const POSTGRES: &[Embedded] = &[
         5,
         "order traceparent",
         include_str!("migrations/postgres/0005_order_traceparent.sql"),
+    ),
+    (
+        6,
+        "pending jobs index",
+        include_str!("migrations/postgres/0006_pending_jobs_index.sql"),
     ),
 ];
 

@@ -130,7 +130,7 @@ pub(super) const FINISH_PARK: &str = finish_park_sql!();
 
 /// Deletes up to `$2` terminal orders last updated before `$1` that have no pending or parked
 /// job (`<> 'done'`: the state check allows nothing else, and unlike `IN ('pending',
-/// 'parked')` it cannot make the planner read every open job through the state index); their
+/// 'parked')` it cannot make the planner read every pending job through `jobs_due`); their
 /// done jobs follow by `ON DELETE CASCADE`.
 macro_rules! purge_batch_sql {
     () => {

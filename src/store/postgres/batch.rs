@@ -76,8 +76,9 @@ const SELECT_ORDERS_BY_KEY: &str = concat!(
 
 /// The lease condition of the set-based job outcomes: `$1`..`$3` arrays of job id, owner and
 /// lease token, unnested with the outcome's own arrays as `i`. The jobs are found by id:
-/// `state IS NOT DISTINCT FROM 'pending'` (the same as `=` for a NOT NULL column) cannot use
-/// the state index, so the plan cannot be one that reads every pending job.
+/// `state IS NOT DISTINCT FROM 'pending'` (the same as `=` for a NOT NULL column) does not
+/// match the predicate of `jobs_due`, the index of pending jobs, so the plan cannot be one that
+/// reads every pending job.
 macro_rules! while_leased {
     () => {
         " WHERE jobs.id = i.id AND jobs.state IS NOT DISTINCT FROM 'pending' \

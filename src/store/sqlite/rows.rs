@@ -242,6 +242,42 @@ mod tests {
         assert_eq!(steps[0], steps[1], "virtual machine steps: {steps:?}");
     }
 
+    /// The plan of `statement` (`$n` parameters bound to 0), one detail per line.
+    fn plan(conn: &Connection, statement: &str) -> String {
+        let mut explain = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {statement}"))
+            .expect("the statement is explained");
+        for index in 1..=explain.parameter_count() {
+            explain.raw_bind_parameter(index, 0).expect("bound");
+        }
+        let mut rows = explain.raw_query();
+        let mut details = Vec::new();
+        while let Some(row) = rows.next().expect("a plan row") {
+            details.push(row.get::<_, String>(3).expect("the detail"));
+        }
+        details.join("\n")
+    }
+
+    #[test]
+    fn claims_find_due_jobs_through_the_index_of_pending_jobs_alone() {
+        let conn = store_with_done_jobs(100);
+        for statement in [
+            super::super::writes::DUE_JOBS,
+            super::super::writes::LEASE_DUE_JOBS,
+        ] {
+            let plan = plan(&conn, statement);
+            assert!(
+                plan.contains("INDEX jobs_due (run_at_ms<?)"),
+                "{statement}:\n{plan}"
+            );
+            assert!(!plan.contains("TEMP B-TREE"), "sorted apart:\n{plan}");
+            assert!(
+                !plan.contains("SCAN jb") && !plan.contains("SCAN jobs"),
+                "{plan}"
+            );
+        }
+    }
+
     #[test]
     fn columns_are_found_by_name_in_any_order_and_a_missing_one_is_an_error() {
         let conn = Connection::open_in_memory().expect("an in-memory database opens");

@@ -58,7 +58,7 @@ const DECIDE: &str = "UPDATE orders SET phase = 'DECIDED', status = $2, \
 /// ([`sql::order_columns_sql`]; all NULL for a job whose order is gone): the claim reads the
 /// orders in the same statement instead of one query per job. The job's own columns are
 /// prefixed `job_`, so the order's keep their names.
-const DUE_JOBS: &str = concat!(
+pub(super) const DUE_JOBS: &str = concat!(
     "SELECT jb.id AS job_id, jb.order_id AS job_order_id, jb.kind AS job_kind, ",
     "jb.attempts AS job_attempts, jb.rejections AS job_rejections, ",
     "jb.failing_since_ms AS job_failing_since_ms, ",
@@ -69,7 +69,7 @@ const DUE_JOBS: &str = concat!(
 
 /// Leases the jobs [`DUE_JOBS`] selected to `$3` until `$4`. Nothing changes between the two
 /// statements (the writer holds the lock), so both select the same rows.
-const LEASE_DUE_JOBS: &str = "UPDATE jobs SET lease_owner = $3, run_at_ms = $4, \
+pub(super) const LEASE_DUE_JOBS: &str = "UPDATE jobs SET lease_owner = $3, run_at_ms = $4, \
      updated_at_ms = $1 WHERE id IN (SELECT id FROM jobs \
      WHERE state = 'pending' AND run_at_ms <= $1 ORDER BY run_at_ms, id LIMIT $2)";
 
