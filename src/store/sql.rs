@@ -204,8 +204,8 @@ pub(super) const RETRY_PARKED_ORDERS: &str = "UPDATE orders SET reason = CASE \
 pub(super) const PROBE: &str = "INSERT INTO store_probe (id, at_ms) VALUES (1, $1) \
      ON CONFLICT (id) DO UPDATE SET at_ms = excluded.at_ms";
 
-/// Counts for [`JobStats`], in field order: each reads only open jobs or PENDING orders
-/// through an index whose leading column is the state or status.
+/// Counts for [`JobStats`], in field order: each reads only open jobs (through the partial
+/// indexes of pending and of parked jobs) or PENDING orders (through the status index).
 pub(super) const STATS: &str = "SELECT \
      (SELECT COUNT(*) FROM jobs WHERE state = 'pending') AS pending, \
      (SELECT COUNT(*) FROM jobs WHERE state = 'parked') AS parked, \
