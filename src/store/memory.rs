@@ -69,6 +69,11 @@ impl State {
         Some(record)
     }
 
+    /// How many jobs are in `state`.
+    fn jobs_in(&self, state: JobState) -> u64 {
+        self.jobs.values().filter(|j| j.state == state).count() as u64
+    }
+
     fn job_id(&self, order_id: &str, kind: JobKind) -> Option<i64> {
         self.job_ids.get(&(order_id.to_owned(), kind)).copied()
     }
@@ -530,32 +535,23 @@ impl OrderStore for MemoryStore {
         self.lock().map(|_| ())
     }
 
+    /// Pending jobs come from the pending index; parked jobs and PENDING orders are counted
+    /// by a walk over every job and order (this store holds a test's or a bench run's worth).
     async fn stats(&self) -> Result<JobStats, StoreError> {
         let state = self.lock()?;
-        let count = |s: JobState| state.jobs.values().filter(|j| j.state == s).count() as u64;
         Ok(JobStats {
-            pending: count(JobState::Pending),
-            parked: count(JobState::Parked),
+            pending: state.pending.len() as u64,
+            parked: state.jobs_in(JobState::Parked),
             orders_pending: state
                 .orders
                 .values()
                 .filter(|o| o.status == OrderStatus::Pending)
                 .count() as u64,
-            oldest_pending_run_at_ms: state
-                .jobs
-                .values()
-                .filter(|j| j.state == JobState::Pending)
-                .map(|j| j.run_at_ms)
-                .min(),
+            oldest_pending_run_at_ms: state.pending.first().map(|&(run_at_ms, _)| run_at_ms),
         })
     }
 
     async fn count_done_jobs(&self) -> Result<u64, StoreError> {
-        let state = self.lock()?;
-        Ok(state
-            .jobs
-            .values()
-            .filter(|j| j.state == JobState::Done)
-            .count() as u64)
+        Ok(self.lock()?.jobs_in(JobState::Done))
     }
 }

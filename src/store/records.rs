@@ -372,9 +372,9 @@ pub struct ParkedJob {
 }
 
 /// Counts of the open work, for operators and for every `/metrics` scrape: each is bounded by
-/// what is in flight or parked, never by retention, so reading them stays cheap however many
-/// finished orders the store keeps (done jobs are counted apart, on request:
-/// [`crate::store::OrderStore::count_done_jobs`]).
+/// what is in flight or parked, never by retention, and the SQL stores read each through an
+/// index, so a scrape stays cheap however many finished orders they keep (done jobs are
+/// counted apart, on request: [`crate::store::OrderStore::count_done_jobs`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct JobStats {
     /// Jobs waiting to run.
