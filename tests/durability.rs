@@ -396,31 +396,14 @@ async fn capture_retries_stay_within_the_retry_budget_and_all_complete_after_rec
         assert_eq!(order.status(), OrderStatus::Confirmed, "{order:?}");
     }
     let outage_started = Instant::now();
-    let mut operator = OperatorServiceClient::connect(h.server.uri())
-        .await
-        .unwrap();
     // Until the budget has held a retry back (the captures fall due at the callers' deadline,
     // and a busy machine may take a while to get to them). Without the budget, 40 jobs backing
-    // off 0-50 ms would retry thousands of times and none would ever wait. (Not every attempt
-    // reaches the wallet: once its breaker opens, attempts fail fast here.)
-    let waited_until = Instant::now() + 30 * SECOND;
-    let (during, stats) = loop {
-        let during = h.method("wallet", "Capture").await;
-        let stats = operator
-            .get_worker_stats(pb::GetWorkerStatsRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        if stats.retries_deferred > 0 {
-            break (during, stats);
-        }
-        assert!(
-            Instant::now() < waited_until,
-            "no retry waited for the budget within 30 s: {stats:?}, {during:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    // off 0-50 ms would retry thousands of times and none would ever wait.
+    h.worker_stats_until(30 * SECOND, |s| s.retries_deferred > 0)
+        .await;
+    let during = h.method("wallet", "Capture").await;
     let outage = outage_started.elapsed().as_secs_f64();
+    let stats = h.worker_stats().await;
     let retries = during.received.saturating_sub(orders);
     // TpsBudget: per 1 s window, 10 retries of floor + one per 12 first attempts.
     let allowed = 10.0 * (outage + 1.0) + stats.first_attempts as f64 / 12.0 + 2.0;

@@ -147,19 +147,8 @@ async fn a_caller_who_leaves_while_the_decision_is_written_is_never_captured() {
         .wallet_until(10 * SECOND, |w| w.holds_released == 1)
         .await;
     // Past the deadline (when a capture would have been due) and with the worker idle.
-    let mut operator = h.operator().await;
-    let until = Instant::now() + 10 * SECOND;
-    while operator
-        .get_worker_stats(pb::GetWorkerStatsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs_pending
-        > 0
-    {
-        assert!(Instant::now() < until, "the worker never went idle");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    h.worker_stats_until(10 * SECOND, |s| s.jobs_pending == 0)
+        .await;
     assert_eq!(h.effects_on("Capture", &id).await, 0, "captured after all");
     assert_eq!(h.stats().await.wallet.unwrap().holds_captured, 0);
     h.stop().await;

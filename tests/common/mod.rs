@@ -307,6 +307,36 @@ impl Harness {
             .expect("OperatorService")
     }
 
+    /// `OperatorService/GetWorkerStats`.
+    pub async fn worker_stats(&self) -> pb::WorkerStats {
+        self.operator()
+            .await
+            .get_worker_stats(pb::GetWorkerStatsRequest {})
+            .await
+            .expect("GetWorkerStats")
+            .into_inner()
+    }
+
+    /// Polls GetWorkerStats until `done` holds (or panics after `within`).
+    pub async fn worker_stats_until(
+        &self,
+        within: Duration,
+        done: impl Fn(&pb::WorkerStats) -> bool,
+    ) -> pb::WorkerStats {
+        let until = Instant::now() + within;
+        loop {
+            let stats = self.worker_stats().await;
+            if done(&stats) {
+                return stats;
+            }
+            assert!(
+                Instant::now() < until,
+                "the worker never reached the expected state: {stats:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Stops the orchestrator and the stubs.
     pub async fn stop(self) {
         self.server.stop().await.unwrap();
