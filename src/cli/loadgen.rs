@@ -85,7 +85,8 @@ fn parse_target(s: &str) -> Result<Target, String> {
     Ok(Target { name, uri })
 }
 
-/// Processes to measure: `--pid NAME=PID` or `--pid NAME=cmdline:TEXT`.
+/// Processes to measure: `--pid NAME=PID`, `--pid NAME=cmdline:TEXT` or
+/// `--pid NAME=thread:PID:THREAD`.
 #[derive(Debug, Clone)]
 struct Probe {
     name: String,
@@ -99,6 +100,8 @@ enum Measure {
     Pid(u32),
     /// Every process whose command line contains this text at the time of reading.
     Cmdline(String),
+    /// The threads of one process with this name.
+    Thread(u32, String),
 }
 
 impl Probe {
@@ -106,6 +109,7 @@ impl Probe {
         match &self.what {
             Measure::Pid(pid) => procfs::sample(*pid).ok(),
             Measure::Cmdline(text) => procfs::sample_matching(text).ok(),
+            Measure::Thread(pid, name) => procfs::sample_threads(*pid, name).ok(),
         }
     }
 }
@@ -115,10 +119,21 @@ fn parse_probe(s: &str) -> Result<Probe, String> {
     if name.is_empty() {
         return Err("expected NAME=PID".to_owned());
     }
-    let what = match what.strip_prefix("cmdline:") {
-        Some("") => return Err("cmdline: needs a text".to_owned()),
-        Some(text) => Measure::Cmdline(text.to_owned()),
-        None => Measure::Pid(what.parse().map_err(|e| format!("PID {what:?}: {e}"))?),
+    let pid = |what: &str| what.parse().map_err(|e| format!("PID {what:?}: {e}"));
+    let what = if let Some(text) = what.strip_prefix("cmdline:") {
+        if text.is_empty() {
+            return Err("cmdline: needs a text".to_owned());
+        }
+        Measure::Cmdline(text.to_owned())
+    } else if let Some(thread) = what.strip_prefix("thread:") {
+        match thread.split_once(':') {
+            Some((process, name)) if !name.is_empty() => {
+                Measure::Thread(pid(process)?, name.to_owned())
+            }
+            _ => return Err("thread: needs PID:THREAD-NAME".to_owned()),
+        }
+    } else {
+        Measure::Pid(pid(what)?)
     };
     Ok(Probe {
         name: name.to_owned(),
@@ -175,7 +190,8 @@ pub struct LoadgenArgs {
     /// A process to measure, `NAME=PID`, repeatable (CPU from /proc/PID/stat, RSS from
     /// /proc/PID/status). Named like a lane, it is that lane's server. `NAME=cmdline:TEXT`
     /// measures every process whose command line holds TEXT (PostgreSQL backends show their
-    /// database there).
+    /// database there); `NAME=thread:PID:THREAD` the CPU of PID's threads named THREAD (serve's
+    /// `sqlite-writer`), with no RSS.
     #[arg(long = "pid", value_name = "NAME=PID", value_parser = parse_probe)]
     pids: Vec<Probe>,
     /// Split each run into windows of this length, each printed as it completes.
@@ -442,7 +458,8 @@ fn usage(
             name: probe.name.clone(),
             server: *server,
             cpu: a.as_ref().zip(b.as_ref()).map(|(a, b)| b.cpu_since(a)),
-            rss_bytes: b.as_ref().map(|b| b.rss_bytes),
+            rss_bytes: b.as_ref().and_then(|b| b.rss_bytes),
+            thread: matches!(probe.what, Measure::Thread(..)),
         })
         .collect()
 }
@@ -899,12 +916,17 @@ mod tests {
     }
 
     #[test]
-    fn probes_are_a_name_and_a_pid_or_a_command_line_text() {
+    fn probes_are_a_name_and_a_pid_a_command_line_text_or_a_thread() {
         let p = parse_probe("stubs=42").unwrap();
         assert_eq!((p.name.as_str(), p.what), ("stubs", Measure::Pid(42)));
         let p = parse_probe("postgres=cmdline: checkout_bench ").unwrap();
         assert_eq!(p.what, Measure::Cmdline(" checkout_bench ".into()));
         assert!(parse_probe("postgres=cmdline:").is_err());
+        let p = parse_probe("writer=thread:42:sqlite-writer").unwrap();
+        assert_eq!(p.what, Measure::Thread(42, "sqlite-writer".into()));
+        assert!(parse_probe("writer=thread:42:").is_err());
+        assert!(parse_probe("writer=thread:42").is_err());
+        assert!(parse_probe("writer=thread:x:sqlite-writer").is_err());
         assert!(parse_probe("stubs").is_err());
         assert!(parse_probe("=42").is_err());
         assert!(parse_probe("stubs=x").is_err());
@@ -925,6 +947,7 @@ mod tests {
                     server: true,
                     cpu: Some(Duration::from_millis(cpu_ms)),
                     rss_bytes: None,
+                    thread: false,
                 }],
             }
         };

@@ -1,7 +1,8 @@
-//! CPU time and resident memory of a process, or of every process whose command line holds a
-//! text (the PostgreSQL backends of one database), read from Linux's `/proc`: what `loadgen`
-//! turns into "CPU per answered order" and "RSS" for each server it measures. Elsewhere than
-//! Linux every read fails and loadgen prints `-`.
+//! CPU time and resident memory of a process, of every process whose command line holds a
+//! text (the PostgreSQL backends of one database), or CPU time of one process's threads of one
+//! name (serve's `sqlite-writer`), read from Linux's `/proc`: what `loadgen` turns into "CPU
+//! per answered order" and "RSS" for each server it measures. Elsewhere than Linux every read
+//! fails and loadgen prints `-`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,8 +17,8 @@ const TICKS_PER_SECOND: u64 = 100;
 pub struct ProcSample {
     /// User + system CPU time of every thread since each process started, by PID.
     pub cpu: BTreeMap<u32, Duration>,
-    /// Resident set size, summed.
-    pub rss_bytes: u64,
+    /// Resident set size, summed; `None` for threads (they share their process's memory).
+    pub rss_bytes: Option<u64>,
 }
 
 impl ProcSample {
@@ -37,7 +38,7 @@ pub fn sample(pid: u32) -> std::io::Result<ProcSample> {
     let (cpu, rss_bytes) = read(pid)?;
     Ok(ProcSample {
         cpu: BTreeMap::from([(pid, cpu)]),
-        rss_bytes,
+        rss_bytes: Some(rss_bytes),
     })
 }
 
@@ -45,7 +46,10 @@ pub fn sample(pid: u32) -> std::io::Result<ProcSample> {
 /// PostgreSQL backends serving one database (their titles name it).
 pub fn sample_matching(text: &str) -> std::io::Result<ProcSample> {
     let me = std::process::id();
-    let mut sample = ProcSample::default();
+    let mut sample = ProcSample {
+        rss_bytes: Some(0),
+        ..ProcSample::default()
+    };
     for entry in std::fs::read_dir("/proc")? {
         let Some(pid) = entry?
             .file_name()
@@ -62,7 +66,36 @@ pub fn sample_matching(text: &str) -> std::io::Result<ProcSample> {
         }
         if let Ok((cpu, rss)) = read(pid) {
             sample.cpu.insert(pid, cpu);
-            sample.rss_bytes += rss;
+            sample.rss_bytes = sample.rss_bytes.map(|sum| sum + rss);
+        }
+    }
+    Ok(sample)
+}
+
+/// Reads the CPU time of `pid`'s threads named `name` (`/proc/PID/task/TID/comm`; Linux keeps
+/// the first 15 bytes of a thread's name, so a longer `name` matches by that prefix), by TID:
+/// how much of a process one of its threads spends, e.g. serve's `sqlite-writer`. No RSS.
+pub fn sample_threads(pid: u32, name: &str) -> std::io::Result<ProcSample> {
+    let kept = name.get(..name.len().min(15)).unwrap_or(name);
+    let mut sample = ProcSample::default();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Some(tid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) else {
+            continue; // Ended since the listing.
+        };
+        if comm.trim_end_matches('\n') != kept {
+            continue;
+        }
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+            && let Some(cpu) = cpu_of(&stat)
+        {
+            sample.cpu.insert(tid, cpu);
         }
     }
     Ok(sample)
@@ -132,7 +165,7 @@ mod tests {
     fn this_process_can_be_sampled_but_never_matches_itself() {
         let me = std::process::id();
         let sample = sample(me).expect("/proc/self is readable on Linux");
-        assert!(sample.rss_bytes > 0);
+        assert!(sample.rss_bytes.is_some_and(|rss| rss > 0));
         assert!(sample.cpu.contains_key(&me));
         let name = std::env::args().next().unwrap_or_default();
         let matching = sample_matching(&name).expect("/proc is listable on Linux");
@@ -145,12 +178,49 @@ mod tests {
         let ms = Duration::from_millis;
         let before = ProcSample {
             cpu: BTreeMap::from([(1, ms(100)), (2, ms(50))]),
-            rss_bytes: 0,
+            rss_bytes: None,
         };
         let after = ProcSample {
             cpu: BTreeMap::from([(1, ms(130)), (3, ms(20))]),
-            rss_bytes: 0,
+            rss_bytes: None,
         };
         assert_eq!(after.cpu_since(&before), ms(50));
+    }
+
+    /// A named thread is found among its process's threads by its name (longer than Linux
+    /// keeps), under its TID, with the CPU time it burnt; a name no thread has matches nothing.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn one_named_thread_of_a_process_is_sampled_by_itself() {
+        let (started, ready) = std::sync::mpsc::channel();
+        let (finish, finished) = std::sync::mpsc::channel::<()>();
+        let busy = std::thread::Builder::new()
+            .name("probe-busy-thread-name".to_owned())
+            .spawn(move || {
+                let tid = std::fs::read_link("/proc/thread-self")
+                    .ok()
+                    .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok());
+                // Spins until at least two clock ticks of CPU show in its own stat line.
+                let spun = std::time::Instant::now();
+                while spun.elapsed() < Duration::from_millis(60) {
+                    std::hint::black_box(spun.elapsed());
+                }
+                started.send(tid).expect("the test waits for the thread");
+                finished.recv().ok();
+            })
+            .expect("a thread can be spawned");
+        let tid = ready
+            .recv()
+            .expect("the thread reports its TID")
+            .expect("/proc/thread-self names the thread's TID on Linux");
+        let me = std::process::id();
+        let sample = sample_threads(me, "probe-busy-thread-name").expect("/proc/self/task");
+        assert_eq!(sample.cpu.keys().copied().collect::<Vec<_>>(), vec![tid]);
+        assert!(sample.cpu[&tid] >= Duration::from_millis(20), "{sample:?}");
+        assert_eq!(sample.rss_bytes, None);
+        let none = sample_threads(me, "no-such-thread").expect("/proc/self/task");
+        assert!(none.cpu.is_empty());
+        finish.send(()).expect("the thread waits");
+        busy.join().expect("the thread ends");
     }
 }

@@ -79,6 +79,9 @@ pub struct ProcUse {
     pub cpu: Option<Duration>,
     /// Resident memory at the end of the span.
     pub rss_bytes: Option<u64>,
+    /// Threads of a process measured as a whole too (`NAME=thread:PID:THREAD`): shown, but not
+    /// added to the system's CPU a second time.
+    pub thread: bool,
 }
 
 impl ProcUse {
@@ -127,9 +130,14 @@ impl Measured {
     }
 
     /// CPU µs per answered order of every measured process but the loader: the servers, the
-    /// stubs and the database, i.e. what the whole system behind the loader spent.
+    /// stubs and the database, i.e. what the whole system behind the loader spent (a thread
+    /// probe's CPU is already in its process's).
     pub fn system_cpu_per_order_us(&self) -> Option<f64> {
-        let system: Vec<&ProcUse> = self.procs.iter().filter(|p| !p.is_loader()).collect();
+        let system: Vec<&ProcUse> = self
+            .procs
+            .iter()
+            .filter(|p| !p.is_loader() && !p.thread)
+            .collect();
         if system.is_empty() || self.tally.answered == 0 {
             return None;
         }
@@ -292,6 +300,7 @@ mod tests {
                 server: true,
                 cpu: Some(Duration::from_millis(cpu_ms)),
                 rss_bytes: Some(50 << 20),
+                thread: false,
             }],
         }
     }
@@ -307,6 +316,30 @@ mod tests {
         assert_eq!(a.system_cpu_per_order_us(), Some(500.0));
         assert_eq!(a.achieved(), 2000.0);
         assert_eq!(a.tally.outcomes["CONFIRMED"], 4000);
+    }
+
+    /// A thread probe (serve's writer thread) is shown but not counted twice in the system's
+    /// CPU: its time is already in its process's.
+    #[test]
+    fn a_thread_of_a_measured_process_is_not_added_to_the_system_again() {
+        let mut m = measured(1000, 1000);
+        m.procs.push(ProcUse {
+            name: "stubs".into(),
+            server: false,
+            cpu: Some(Duration::from_millis(500)),
+            rss_bytes: Some(30 << 20),
+            thread: false,
+        });
+        m.procs.push(ProcUse {
+            name: "writer".into(),
+            server: false,
+            cpu: Some(Duration::from_millis(400)),
+            rss_bytes: None,
+            thread: true,
+        });
+        assert_eq!(m.system_cpu_per_order_us(), Some(1500.0));
+        assert_eq!(Measured::cpu_per_order_us(&m.procs[2], 1000), Some(400.0));
+        assert!(row("serve", &m).contains("            400       -"));
     }
 
     #[test]
