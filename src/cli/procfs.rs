@@ -50,14 +50,8 @@ pub fn sample_matching(text: &str) -> std::io::Result<ProcSample> {
         rss_bytes: Some(0),
         ..ProcSample::default()
     };
-    for entry in std::fs::read_dir("/proc")? {
-        let Some(pid) = entry?
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in numbered("/proc")? {
+        let pid = pid?;
         let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
             continue; // Gone since the listing.
         };
@@ -78,14 +72,8 @@ pub fn sample_matching(text: &str) -> std::io::Result<ProcSample> {
 pub fn sample_threads(pid: u32, name: &str) -> std::io::Result<ProcSample> {
     let kept = name.get(..name.len().min(15)).unwrap_or(name);
     let mut sample = ProcSample::default();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let Some(tid) = entry?
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for tid in numbered(&format!("/proc/{pid}/task"))? {
+        let tid = tid?;
         let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) else {
             continue; // Ended since the listing.
         };
@@ -99,6 +87,14 @@ pub fn sample_threads(pid: u32, name: &str) -> std::io::Result<ProcSample> {
         }
     }
     Ok(sample)
+}
+
+/// The entries of `dir` named by a number (`/proc`'s processes, `/proc/PID/task`'s threads).
+fn numbered(dir: &str) -> std::io::Result<impl Iterator<Item = std::io::Result<u32>>> {
+    Ok(std::fs::read_dir(dir)?.filter_map(|entry| match entry {
+        Ok(entry) => entry.file_name().to_str()?.parse::<u32>().ok().map(Ok),
+        Err(e) => Some(Err(e)),
+    }))
 }
 
 fn read(pid: u32) -> std::io::Result<(Duration, u64)> {
