@@ -2,7 +2,7 @@
 //! the effect log, and poll a method's stats until a condition holds (failing loudly if it
 //! never does).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use checkout::proto::stub::v1::{
     self as stub, Behavior, ConfigureRequest, GetStatsRequest, ListEffectsRequest,
@@ -63,18 +63,9 @@ impl Control {
         within: Duration,
         done: impl Fn(&stub::MethodStats) -> bool,
     ) -> stub::MethodStats {
-        let until = Instant::now() + within;
-        loop {
-            let stats = self.method(service, method).await;
-            if done(&stats) {
-                return stats;
-            }
-            assert!(
-                Instant::now() < until,
-                "{service}.{method} never reached the expected state: {stats:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        let what = format!("{service}.{method}");
+        let fetch = || self.method(service, method);
+        super::poll_until(&what, within, Duration::from_millis(25), fetch, done).await
     }
 
     /// Polls the wallet's stats until `done` holds; panics with the last stats after `within`.
@@ -83,18 +74,8 @@ impl Control {
         within: Duration,
         done: impl Fn(&stub::WalletStats) -> bool,
     ) -> stub::WalletStats {
-        let until = Instant::now() + within;
-        loop {
-            let wallet = self.stats().await.wallet.unwrap_or_default();
-            if done(&wallet) {
-                return wallet;
-            }
-            assert!(
-                Instant::now() < until,
-                "the wallet never reached the expected state: {wallet:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        let fetch = || async { self.stats().await.wallet.unwrap_or_default() };
+        super::poll_until("the wallet", within, Duration::from_millis(25), fetch, done).await
     }
 
     /// The effect log (of one service, or all when empty).

@@ -25,6 +25,29 @@ pub mod stalling;
 
 pub use control::Control;
 
+/// Fetches a state every `every` until `done` holds and returns it; after `within`, panics
+/// with the last state fetched, as "`what` never reached the expected state".
+pub async fn poll_until<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
+    what: &str,
+    within: Duration,
+    every: Duration,
+    mut fetch: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let until = Instant::now() + within;
+    loop {
+        let state = fetch().await;
+        if done(&state) {
+            return state;
+        }
+        assert!(
+            Instant::now() < until,
+            "{what} never reached the expected state: {state:?}"
+        );
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// Stubs + orchestrator + clients.
 pub struct Harness {
     pub stubs: StubServer,
@@ -248,18 +271,8 @@ impl Harness {
         within: Duration,
         done: impl Fn(&pb::Order) -> bool,
     ) -> pb::Order {
-        let until = Instant::now() + within;
-        loop {
-            let order = self.get(order_id).await;
-            if done(&order) {
-                return order;
-            }
-            assert!(
-                Instant::now() < until,
-                "order never reached the expected state: {order:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let every = Duration::from_millis(50);
+        poll_until("order", within, every, || self.get(order_id), done).await
     }
 
     /// Sets a stub behaviour.
@@ -323,18 +336,8 @@ impl Harness {
         within: Duration,
         done: impl Fn(&pb::WorkerStats) -> bool,
     ) -> pb::WorkerStats {
-        let until = Instant::now() + within;
-        loop {
-            let stats = self.worker_stats().await;
-            if done(&stats) {
-                return stats;
-            }
-            assert!(
-                Instant::now() < until,
-                "the worker never reached the expected state: {stats:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let every = Duration::from_millis(50);
+        poll_until("the worker", within, every, || self.worker_stats(), done).await
     }
 
     /// Stops the orchestrator and the stubs.
