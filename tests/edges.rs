@@ -77,7 +77,7 @@ async fn a_deadline_that_cannot_fit_the_shortest_path_is_refused_on_arrival() {
 async fn the_answer_leaves_before_the_deadline_while_the_decision_write_stalls() {
     let mut stalling = None;
     let h = start_with_store(
-        // The operation itself finishes the order; the takeover job stays out of the way.
+        // The operation itself finishes the order; the worker's takeover stays out of the way.
         |c| c.worker.takeover_grace = 30 * SECOND,
         |inner| {
             let store = StallingStore::new(inner, 3 * SECOND);

@@ -223,8 +223,8 @@ mod pg {
 mod cases {
     use super::*;
 
-    /// A new order id is recorded once, as RECEIVED with a due `drive_order` job; later
-    /// begins return the stored record and change nothing.
+    /// A new order id is recorded once, as RECEIVED with its takeover time (a `drive_order`
+    /// job is claimed from then on); later begins return the stored record and change nothing.
     pub async fn begin_records_an_order_once_and_returns_it_after(store: Arc<dyn OrderStore>) {
         let store = &*store;
         let mut order = new_order("o-1", 1_000);
@@ -295,7 +295,10 @@ mod cases {
         }
         assert_eq!(created, 1);
         let stats = store.stats().await.expect("stats");
-        assert_eq!((stats.pending, stats.orders_pending), (1, 1));
+        // No job yet: the order becomes a `drive_order` job only when its takeover is due.
+        assert_eq!((stats.pending, stats.orders_pending), (0, 1));
+        let jobs = claim(&*store, "w", 5_000, 10_000).await;
+        assert_eq!(kinds(&jobs), [("o-race".to_owned(), JobKind::DriveOrder)]);
     }
 
     /// The hold intent moves a RECEIVED order to HOLD_SENT once; later intents, intents after
@@ -467,7 +470,8 @@ mod cases {
                 .expect("finish"),
             "a job the decision did not reschedule keeps its lease"
         );
-        // The drive_order kept its time (10_000, not 20_000) and is now done.
+        // The drive_order the first decision added (the worker's turn at 20_000) is done: the
+        // confirmation completed it.
         let jobs = claim(store, "w", 20_000, 30_000).await;
         let order = |k| ("o-1".to_owned(), k);
         assert_eq!(
@@ -668,6 +672,10 @@ mod cases {
         create(store, "o-1", 0).await;
         let mut pending = decision("o-1", OrderStatus::Pending, "BUDGET_EXHAUSTED", 10);
         pending.retry_after_ms = Some(1_000);
+        pending.jobs = vec![NewJob {
+            reschedule: true,
+            ..job(JobKind::DriveOrder, 10)
+        }];
         store.decide(&pending, LIMIT).await.expect("decide");
         let drive = claim_one(store, 10, 1_000).await;
         let park = JobOutcome::Park {
@@ -715,7 +723,7 @@ mod cases {
         let stats = store.stats().await.expect("stats");
         assert_eq!(
             (stats.pending, stats.parked, done_jobs(store).await),
-            (0, 3, 1)
+            (0, 3, 0)
         );
     }
 
@@ -775,7 +783,12 @@ mod cases {
             create(store, id, 1_000_000).await;
         }
         let decisions = [
-            finish("done-old", OrderStatus::Confirmed, 100, Vec::new()),
+            finish(
+                "done-old",
+                OrderStatus::Confirmed,
+                100,
+                vec![job(JobKind::WalletCapture, 50)],
+            ),
             finish(
                 "capture-pending",
                 OrderStatus::Confirmed,
@@ -793,16 +806,24 @@ mod cases {
         for d in &decisions {
             store.decide(d, LIMIT).await.expect("decide");
         }
-        let release = claim_one(store, 100, 200).await;
+        let due = claim(store, "w", 100, 200).await;
+        assert_eq!(due.len(), 2, "{due:?}");
         let park = JobOutcome::Park {
             error: "gave up".to_owned(),
             at_ms: 150,
         };
-        assert!(store.finish_job(&release, &park).await.expect("park"));
+        for job in &due {
+            let outcome = if job.order_id == "done-old" {
+                JobOutcome::Done(None)
+            } else {
+                park.clone()
+            };
+            assert!(store.finish_job(job, &outcome).await.expect("finish"));
+        }
         let before = store.stats().await.expect("stats");
         assert_eq!(
             (done_jobs(store).await, before.pending, before.parked),
-            (4, 2, 1)
+            (1, 1, 1)
         );
 
         assert_eq!(store.purge_terminal(1_000).await.expect("purge"), 1);
@@ -813,7 +834,8 @@ mod cases {
         let after = store.stats().await.expect("stats");
         assert_eq!(
             (done_jobs(store).await, after.pending, after.parked),
-            (3, 2, 1)
+            (0, 1, 1),
+            "done-old's capture went with it"
         );
         assert_eq!(store.purge_terminal(1_000).await.expect("purge"), 0);
         assert_eq!(
@@ -883,7 +905,8 @@ mod cases {
                 oldest_pending_run_at_ms: stats.oldest_pending_run_at_ms,
             }
         );
-        assert_eq!(done_jobs(store.as_ref()).await, 41);
+        // o-leased's takeover; the others were decided before theirs, so they never had one.
+        assert_eq!(done_jobs(store.as_ref()).await, 1);
     }
 
     /// Concurrent decisions of one order: exactly one applies (with its jobs), and every
@@ -1099,6 +1122,72 @@ mod cases {
         assert_eq!(store.stats().await.expect("stats").parked, 0);
     }
 
+    /// An order not decided by its takeover time (its process died) is handed to a worker as a
+    /// `drive_order` job due then, once; an order decided or abandoned before never is,
+    /// whatever its decision's jobs.
+    pub async fn an_undecided_order_is_handed_over_once_at_its_takeover_time(
+        store: Arc<dyn OrderStore>,
+    ) {
+        let store = &*store;
+        for id in ["o-1", "o-2", "o-3", "o-4"] {
+            create(store, id, 1_000).await;
+        }
+        create(store, "o-late", 3_000).await;
+        // Decided before its takeover time: no takeover, whatever the decision says.
+        store
+            .decide(&decision("o-2", OrderStatus::Confirmed, "", 500), LIMIT)
+            .await
+            .expect("decide");
+        let mut review = decision("o-3", OrderStatus::Pending, "FRAUD_REVIEW", 500);
+        review.jobs = vec![job(JobKind::FraudRescore, 50_000)];
+        store.decide(&review, LIMIT).await.expect("decide");
+        // Abandoned by its caller: declined, its compensations run instead.
+        assert!(store.abandon("o-4", 600, 1_000).await.expect("abandon"));
+        let compensations = claim(store, "w", 999, 1_500).await;
+        assert!(
+            compensations
+                .iter()
+                .all(|j| j.order_id == "o-4" && j.kind != JobKind::DriveOrder),
+            "{compensations:?}"
+        );
+        assert_eq!(compensations.len(), 2, "{compensations:?}");
+        for job in &compensations {
+            assert!(
+                store
+                    .finish_job(job, &JobOutcome::Done(None))
+                    .await
+                    .expect("done")
+            );
+        }
+
+        // o-1 only: the others were decided, o-late is not due.
+        let taken = claim_one(store, 1_000, 2_000).await;
+        assert_eq!(
+            (taken.order_id.as_str(), taken.kind, taken.attempts),
+            ("o-1", JobKind::DriveOrder, 0)
+        );
+        // Handed over once: the job's lease holds until 2,000, and no second job appears.
+        assert!(claim(store, "w", 1_999, 5_000).await.is_empty());
+        let again = claim(store, "w", 2_000, 5_000).await;
+        assert_eq!(kinds(&again), [("o-1".to_owned(), JobKind::DriveOrder)]);
+        assert_eq!(again[0].id, taken.id, "the same job, its lease expired");
+        // The takeover job carries the order as stored, and decides it like any job.
+        let late = store.claim_due("w", 3_000, 9_000, 10).await.expect("claim");
+        assert_eq!(late.len(), 1, "{late:?}");
+        assert_eq!(late[0].job.kind, JobKind::DriveOrder);
+        let order = late[0].order.as_ref().expect("the order");
+        assert_eq!(
+            (order.order.order_id.as_str(), order.phase),
+            ("o-late", Phase::Received)
+        );
+        let stats = store.stats().await.expect("stats");
+        assert_eq!(
+            (stats.pending, stats.orders_pending),
+            (3, 3),
+            "o-1's and o-late's takeovers and o-3's re-score; o-1, o-3 and o-late are PENDING"
+        );
+    }
+
     /// A caller who left before hearing a decision: the order becomes DECLINED
     /// CALLER_ABANDONED, its pending jobs are cancelled and a reconcile and an inventory
     /// release are due — unless its capture started or it is already declined.
@@ -1246,6 +1335,8 @@ conformance_suite! {
     a_key_is_unique_per_scope_whatever_id_the_request_draws,
     /// Rejections are counted apart; transient failures remember when they began.
     failures_count_rejections_apart_and_remember_when_transient_ones_began,
+    /// An undecided order is handed over once, at its takeover time, as a `drive_order` job.
+    an_undecided_order_is_handed_over_once_at_its_takeover_time,
     /// Parked jobs are listed and re-queued with fresh counts.
     parked_jobs_are_listed_and_requeued_with_fresh_counts,
     /// An abandoned decision is undone unless its capture started.
@@ -1268,6 +1359,7 @@ mod sqlite_file {
             .expect("open");
         assert_eq!(store.path(), dir.path().join("checkout.db"));
         create(&store, "o-1", 100).await;
+        create(&store, "o-2", 100).await;
         let mut confirm = decision("o-1", OrderStatus::Confirmed, "", 50);
         confirm.jobs = vec![job(JobKind::WalletCapture, 60)];
         let confirmed = store.decide(&confirm, LIMIT).await.expect("decide");
@@ -1281,9 +1373,15 @@ mod sqlite_file {
             .await
             .expect("reopen");
         assert_eq!(stored(&reopened, "o-1").await, confirmed);
+        // o-1's capture job, and o-2's takeover time (undecided, it is handed over).
         let jobs = claim(&reopened, "w", 100, 1_000).await;
-        let kinds: Vec<_> = jobs.iter().map(|j| j.kind).collect();
-        assert_eq!(kinds, [JobKind::WalletCapture, JobKind::DriveOrder]);
+        assert_eq!(
+            kinds(&jobs),
+            [
+                ("o-1".to_owned(), JobKind::WalletCapture),
+                ("o-2".to_owned(), JobKind::DriveOrder)
+            ]
+        );
         reopened.close().await;
     }
 

@@ -382,7 +382,8 @@ impl Operation {
 
     /// Writes the decision. Its jobs are due no earlier than the caller's deadline (see the
     /// module docs). If it cannot be written in time, the caller is told PENDING
-    /// `BUDGET_EXHAUSTED`: the order's takeover job (written with RECEIVED) will finish it.
+    /// `BUDGET_EXHAUSTED`: the worker takes the order over at its takeover time (written with
+    /// RECEIVED) and finishes it.
     async fn record(&self, created: OrderRecord, verdict: Verdict) -> OrderRecord {
         let store = &self.orchestrator.store;
         let decision = verdict
@@ -424,7 +425,7 @@ impl Operation {
                 }
             }
         }
-        tracing::error!(order_id = %created.order.order_id, "abandonment could not be recorded; the takeover job will resume the order");
+        tracing::error!(order_id = %created.order.order_id, "abandonment could not be recorded; the worker's takeover will resume the order");
         created
     }
 }
@@ -525,8 +526,9 @@ impl Run<'_> {
             }
         };
         if let Err(error) = intent {
-            // Record before effect: without HOLD_SENT on disk the hold is not sent. The takeover
-            // job written with RECEIVED finishes the order once the store is back.
+            // Record before effect: without HOLD_SENT on disk the hold is not sent. The worker
+            // takes the order over (its takeover time was written with RECEIVED) and finishes it
+            // once the store is back.
             tracing::warn!(order_id = %self.order.order_id, %error, "HOLD_SENT not recorded; hold not sent");
             return Verdict::budget_exhausted(policy).with_total(Some(total));
         }

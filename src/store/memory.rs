@@ -50,6 +50,10 @@ struct State {
     /// Pending jobs by (run_at, id): what `claim_due` reads, so a claim costs O(claimed)
     /// rather than a scan of every job ever written.
     pending: BTreeSet<(i64, i64)>,
+    /// The takeover time of each order not yet decided nor handed over.
+    takeover_at: HashMap<String, i64>,
+    /// The same orders by (takeover time, id): what `claim_due` hands over.
+    takeovers: BTreeSet<(i64, String)>,
 }
 
 impl State {
@@ -139,6 +143,24 @@ impl State {
         }
     }
 
+    /// Drops the takeover time of an order that needs none (decided) or has its job.
+    fn clear_takeover(&mut self, order_id: &str) {
+        if let Some(at) = self.takeover_at.remove(order_id) {
+            self.takeovers.remove(&(at, order_id.to_owned()));
+        }
+    }
+
+    /// Hands over the orders whose takeover time has passed as `drive_order` jobs due then.
+    fn hand_over_takeovers(&mut self, now_ms: i64) {
+        while let Some((at, order_id)) = self.takeovers.first().cloned() {
+            if at > now_ms {
+                break;
+            }
+            self.clear_takeover(&order_id);
+            self.add_job(&order_id, JobKind::DriveOrder, at, false, now_ms);
+        }
+    }
+
     /// The jobs of one order.
     fn jobs_of<'a>(&'a self, order_id: &'a str) -> impl Iterator<Item = (i64, &'a JobRow)> + 'a {
         JobKind::ALL.into_iter().filter_map(move |kind| {
@@ -166,6 +188,7 @@ impl State {
             if d.hold_id.is_some() {
                 order.hold_id.clone_from(&d.hold_id);
             }
+            self.clear_takeover(&d.order_id);
             for job in &d.jobs {
                 self.add_job(
                     &d.order_id,
@@ -226,12 +249,12 @@ impl OrderStore for MemoryStore {
         let record = sql::received(order);
         state.orders.insert(order.order_id.clone(), record.clone());
         state.keys.insert(key, order.order_id.clone());
-        state.insert_job(
-            &order.order_id,
-            JobKind::DriveOrder,
-            takeover_at_ms,
-            order.created_at_ms,
-        );
+        state
+            .takeover_at
+            .insert(order.order_id.clone(), takeover_at_ms);
+        state
+            .takeovers
+            .insert((takeover_at_ms, order.order_id.clone()));
         Ok(Begin::Created(record))
     }
 
@@ -309,6 +332,7 @@ impl OrderStore for MemoryStore {
         for kind in [JobKind::WalletReconcile, JobKind::InventoryRelease] {
             state.add_job(order_id, kind, at_ms, true, at_ms);
         }
+        state.clear_takeover(order_id);
         if let Some(order) = state.orders.get_mut(order_id) {
             order.phase = Phase::Decided;
             order.status = OrderStatus::Declined;
@@ -401,6 +425,7 @@ impl OrderStore for MemoryStore {
         limit: usize,
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut state = self.lock()?;
+        state.hand_over_takeovers(now_ms);
         let due: Vec<i64> = state
             .pending
             .range(..=(now_ms, i64::MAX))

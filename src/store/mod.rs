@@ -4,9 +4,11 @@
 //! (brandur's "atomic phases"): [`OrderStore::begin`] records RECEIVED before the first
 //! downstream call, [`OrderStore::record_hold_intent`] records HOLD_SENT before the wallet hold,
 //! and [`OrderStore::decide`] writes the decision together with its follow-up jobs in ONE
-//! transaction (an outbox). `begin` also writes a `drive_order` takeover job due shortly after
-//! the caller's deadline, so an order whose process died mid-flight is found and finished by a
-//! worker without any scan. Jobs are leased (one worker at a time), retried with backoff by the
+//! transaction (an outbox). `begin` also records a takeover time shortly after the caller's
+//! deadline, which the decision clears: an order whose process died mid-flight still has it
+//! when that time passes, and [`OrderStore::claim_due`] hands it to a worker as a
+//! `drive_order` job, finding it through an index of undecided orders only, without any scan.
+//! (The job is written only then, not with every order: most orders never need it.) Jobs are leased (one worker at a time), retried with backoff by the
 //! worker, and parked — never dropped — after `max_attempts` definitive rejections or
 //! `park_after` of transient failures; an operator re-queues parked jobs
 //! ([`OrderStore::retry_parked`]).
@@ -134,9 +136,11 @@ fn url_password(url: &str) -> Option<&str> {
 /// have committed: read (or `begin` again) before assuming either.
 #[async_trait]
 pub trait OrderStore: Send + Sync + 'static {
-    /// Records a new order as RECEIVED (status PENDING, reason IN_PROGRESS) together with its
-    /// `drive_order` takeover job due at `takeover_at_ms`; or, if its scope already has an
-    /// order with this idempotency key, returns that stored record untouched.
+    /// Records a new order as RECEIVED (status PENDING, reason IN_PROGRESS) with its takeover
+    /// time `takeover_at_ms`: unless a decision (or an abandonment) comes first, a claim from
+    /// then on hands the order to a worker as a `drive_order` job due at that time. Or, if its
+    /// scope already has an order with this idempotency key, returns that stored record
+    /// untouched.
     async fn begin(
         &self,
         order: &NewOrder,
@@ -155,8 +159,10 @@ pub trait OrderStore: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 
     /// Applies a decision and inserts its jobs atomically, unless the order is already
-    /// CONFIRMED or DECLINED (then nothing changes). Returns the record as stored afterwards,
-    /// so the caller answers from what is durable.
+    /// CONFIRMED or DECLINED (then nothing changes). Every decision clears the order's takeover
+    /// time: one that leaves the order to the worker's drive names a `drive_order` job among
+    /// its jobs. Returns the record as stored afterwards, so the caller answers from what is
+    /// durable.
     async fn decide(
         &self,
         decision: &Decision,
@@ -189,7 +195,8 @@ pub trait OrderStore: Send + Sync + 'static {
 
     /// Leases up to `limit` due jobs to `owner` until `lease_until_ms`: pending jobs whose
     /// `run_at` has passed (a crashed worker's lease simply expires), oldest due first, each
-    /// with its order as stored. On PostgreSQL concurrent claimers never receive the same job
+    /// with its order as stored. First it hands over the orders whose takeover time has passed
+    /// as `drive_order` jobs (see [`OrderStore::begin`]), so they are due like any other. On PostgreSQL concurrent claimers never receive the same job
     /// (`FOR UPDATE SKIP LOCKED`).
     async fn claim_due(
         &self,

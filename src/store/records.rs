@@ -189,7 +189,8 @@ pub struct Decision {
     /// Jobs to add (a job of a kind the order already has is left as it is, unless listed in
     /// `reschedule`).
     pub jobs: Vec<NewJob>,
-    /// Job kinds of this order to mark done (e.g. the `drive_order` takeover once decided).
+    /// Job kinds of this order to mark done (e.g. its `drive_order` job once decided: a
+    /// worker's takeover, or a takeover job written before orders carried a takeover time).
     pub complete: Vec<JobKind>,
     /// Now, epoch ms.
     pub at_ms: i64,

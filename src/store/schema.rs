@@ -43,6 +43,11 @@ const SQLITE: &[Embedded] = &[
         "pending jobs index",
         include_str!("migrations/sqlite/0006_pending_jobs_index.sql"),
     ),
+    (
+        7,
+        "order takeover time",
+        include_str!("migrations/sqlite/0007_order_takeover_time.sql"),
+    ),
 ];
 
 /// The SQL of the SQLite migrations, oldest first, for tests that build the schema on a bare
@@ -83,6 +88,11 @@ const POSTGRES: &[Embedded] = &[
         6,
         "pending jobs index",
         include_str!("migrations/postgres/0006_pending_jobs_index.sql"),
+    ),
+    (
+        7,
+        "order takeover time",
+        include_str!("migrations/postgres/0007_order_takeover_time.sql"),
     ),
 ];
 

@@ -149,6 +149,10 @@ pub(super) const PURGE_BATCH: &str = purge_batch_sql!();
 /// Orders deleted per purge statement, so a large backlog never holds the write lock long.
 pub(super) const PURGE_BATCH_SIZE: i64 = 500;
 
+/// Orders handed over for takeover per claim at most, so a large backlog (after a long outage)
+/// never holds the write lock long; the rest follow with the next claims.
+pub(super) const TAKEOVER_BATCH: i64 = 500;
+
 /// Cancels the jobs of an order abandoned by its caller (`$1`, at `$2`): every pending job is
 /// marked done. Runs only after [`ABANDON_ORDER`] changed the order.
 pub(super) const ABANDON_JOBS: &str = "UPDATE jobs SET state = 'done', lease_owner = NULL, updated_at_ms = $2 \
@@ -157,10 +161,10 @@ pub(super) const ABANDON_JOBS: &str = "UPDATE jobs SET state = 'done', lease_own
 /// Declines order `$1` as abandoned by its caller at `$2` (retry advice `$3` ms; `$4` true and
 /// `$5` false, bound so each backend stores its own boolean), unless it is DECLINED already or
 /// its capture has started: a capture job done or parked, or any of its jobs leased by a
-/// worker.
+/// worker. A declined order needs no takeover.
 pub(super) const ABANDON_ORDER: &str = "UPDATE orders SET phase = 'DECIDED', \
      status = 'DECLINED', reason = 'CALLER_ABANDONED', retryable = $4, retry_after_ms = $3, \
-     fraud_review = $5, updated_at_ms = $2 \
+     fraud_review = $5, updated_at_ms = $2, takeover_at_ms = NULL \
      WHERE order_id = $1 AND status <> 'DECLINED' \
      AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.order_id = $1 \
      AND ((j.state = 'pending' AND j.lease_owner IS NOT NULL) \

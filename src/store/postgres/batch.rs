@@ -26,8 +26,8 @@ use super::super::{
 };
 use super::decision;
 
-/// Inserts new orders as RECEIVED, each with its `drive_order` takeover job, skipping those
-/// whose scope already has their idempotency key; returns the ids inserted. `$1`..`$13` arrays
+/// Inserts new orders as RECEIVED, each with its takeover time, skipping those whose scope
+/// already has their idempotency key; returns the ids inserted. `$1`..`$13` arrays
 /// of the [`NewOrder`] fields (expected total as currency and amount), created at, takeover
 /// time and traceparent.
 const BEGIN_ORDERS: &str = "WITH input AS (\
@@ -40,15 +40,13 @@ const BEGIN_ORDERS: &str = "WITH input AS (\
      created AS (\
      INSERT INTO orders (order_id, scope, idempotency_key, request_hash, customer_id, cart_id, \
      wallet_account_id, expected_currency, expected_minor, deadline_ms, phase, status, reason, \
-     retryable, retry_after_ms, fraud_review, created_at_ms, updated_at_ms, traceparent) \
+     retryable, retry_after_ms, fraud_review, created_at_ms, updated_at_ms, traceparent, \
+     takeover_at_ms) \
      SELECT order_id, scope, idempotency_key, request_hash, customer_id, cart_id, \
      wallet_account_id, expected_currency, expected_minor, deadline_ms, 'RECEIVED', 'PENDING', \
-     'IN_PROGRESS', FALSE, NULL, FALSE, created_at_ms, created_at_ms, traceparent FROM input \
-     ON CONFLICT DO NOTHING RETURNING order_id), \
-     drive AS (\
-     INSERT INTO jobs (order_id, kind, state, attempts, run_at_ms, created_at_ms, updated_at_ms) \
-     SELECT i.order_id, 'drive_order', 'pending', 0, i.takeover_at_ms, i.created_at_ms, \
-     i.created_at_ms FROM created c JOIN input i ON i.order_id = c.order_id) \
+     'IN_PROGRESS', FALSE, NULL, FALSE, created_at_ms, created_at_ms, traceparent, \
+     takeover_at_ms FROM input \
+     ON CONFLICT DO NOTHING RETURNING order_id) \
      SELECT order_id FROM created";
 
 /// Moves RECEIVED orders to HOLD_SENT with their frozen totals. `$1`..`$4` arrays of order

@@ -40,7 +40,7 @@ pub(super) const DECIDE: &str = "WITH input AS (\
      fraud_review = i.fraud_review, updated_at_ms = i.at_ms, \
      total_currency = COALESCE(i.total_currency, o.total_currency), \
      total_minor = COALESCE(i.total_minor, o.total_minor), \
-     hold_id = COALESCE(i.hold_id, o.hold_id) \
+     hold_id = COALESCE(i.hold_id, o.hold_id), takeover_at_ms = NULL \
      FROM input i WHERE o.order_id = i.order_id AND o.status IS NOT DISTINCT FROM 'PENDING' \
      RETURNING o.*), \
      job_input AS (\

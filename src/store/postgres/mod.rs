@@ -37,6 +37,20 @@ const SELECT_ORDER: &str = sql::select_order_sql!("string_agg");
 /// The order of scope `$1` with idempotency key `$2`, with its parked job kinds.
 const SELECT_ORDER_BY_KEY: &str = sql::select_order_by_key_sql!("string_agg", "$1", "$2");
 
+/// Hands over up to `$2` orders whose takeover time has passed (`$1` now) as `drive_order`
+/// jobs due at that time, clearing the time so each is handed over once; orders another
+/// claimer (or a decision) has locked are skipped: they are handed over by the next claim, or
+/// need no takeover once decided.
+const HAND_OVER_TAKEOVERS: &str = "WITH due AS (\
+     SELECT order_id, takeover_at_ms FROM orders WHERE takeover_at_ms <= $1 \
+     ORDER BY takeover_at_ms LIMIT $2 FOR UPDATE SKIP LOCKED), \
+     cleared AS (\
+     UPDATE orders o SET takeover_at_ms = NULL FROM due WHERE o.order_id = due.order_id \
+     RETURNING o.order_id, due.takeover_at_ms) \
+     INSERT INTO jobs (order_id, kind, state, attempts, run_at_ms, created_at_ms, updated_at_ms) \
+     SELECT order_id, 'drive_order', 'pending', 0, takeover_at_ms, $1, $1 FROM cleared \
+     ON CONFLICT (order_id, kind) DO NOTHING";
+
 /// Leases up to `$4` due jobs to `$1` until `$3` (`$2` now), skipping rows another claimer has
 /// locked; returns each with the `run_at_ms` it was due at, for ordering.
 const CLAIM_DUE: &str = "WITH due AS (\
@@ -325,6 +339,12 @@ impl OrderStore for PostgresStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
         call.run(async {
+            // Its own statement (autocommit): handed over, the jobs are claimed like any other.
+            sqlx::query(HAND_OVER_TAKEOVERS)
+                .bind(now_ms)
+                .bind(sql::TAKEOVER_BATCH)
+                .execute(&mut *conn)
+                .await?;
             let rows = sqlx::query(CLAIM_DUE)
                 .bind(owner)
                 .bind(now_ms)

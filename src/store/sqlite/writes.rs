@@ -18,34 +18,45 @@ use super::super::{
 use super::error::Fail;
 use super::rows::{Lite, claimed_from_row, load, load_by_key};
 
-/// Records a new order as RECEIVED, unless an order with its id or its scope's key exists.
-/// `$1`..`$10` the [`NewOrder`] fields (expected total as currency and amount), `$11` now,
-/// `$12` the traceparent.
+/// Records a new order as RECEIVED with its takeover time, unless an order with its id or its
+/// scope's key exists. `$1`..`$10` the [`NewOrder`] fields (expected total as currency and
+/// amount), `$11` now, `$12` the traceparent, `$13` the takeover time.
 const INSERT_ORDER: &str = "INSERT INTO orders (order_id, scope, idempotency_key, \
      request_hash, customer_id, cart_id, wallet_account_id, expected_currency, expected_minor, \
      deadline_ms, phase, status, reason, retryable, retry_after_ms, fraud_review, \
-     created_at_ms, updated_at_ms, traceparent) \
+     created_at_ms, updated_at_ms, traceparent, takeover_at_ms) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'RECEIVED', 'PENDING', 'IN_PROGRESS', 0, \
-     NULL, 0, $11, $11, $12) \
+     NULL, 0, $11, $11, $12, $13) \
      ON CONFLICT DO NOTHING";
 
-/// The `drive_order` takeover job of a new order: `$1` order id, `$2` due, `$3` now.
-const INSERT_TAKEOVER: &str = "INSERT INTO jobs (order_id, kind, state, attempts, run_at_ms, \
-     created_at_ms, updated_at_ms) VALUES ($1, 'drive_order', 'pending', 0, $2, $3, $3)";
+/// The `drive_order` jobs of up to `$2` orders whose takeover time has passed (`$1` now),
+/// each due at its order's takeover time. [`CLEAR_TAKEOVERS`] then clears the same orders'
+/// times (nothing changes orders between the two: the writer holds the lock), so each order
+/// is handed over once.
+const INSERT_TAKEOVERS: &str = "INSERT INTO jobs (order_id, kind, state, attempts, run_at_ms, \
+     created_at_ms, updated_at_ms) \
+     SELECT order_id, 'drive_order', 'pending', 0, takeover_at_ms, $1, $1 FROM orders \
+     WHERE takeover_at_ms <= $1 ORDER BY takeover_at_ms, order_id LIMIT $2 \
+     ON CONFLICT (order_id, kind) DO NOTHING";
+
+/// Clears the takeover time of the orders [`INSERT_TAKEOVERS`] handed over.
+const CLEAR_TAKEOVERS: &str = "UPDATE orders SET takeover_at_ms = NULL \
+     WHERE order_id IN (SELECT order_id FROM orders \
+     WHERE takeover_at_ms <= $1 ORDER BY takeover_at_ms, order_id LIMIT $2)";
 
 /// Moves a RECEIVED order to HOLD_SENT. `$1` order id, `$2`/`$3` total, `$4` now.
 const RECORD_HOLD_INTENT: &str = "UPDATE orders SET phase = 'HOLD_SENT', \
      total_currency = $2, total_minor = $3, hold_sent_at_ms = $4, updated_at_ms = $4 \
      WHERE order_id = $1 AND phase = 'RECEIVED'";
 
-/// Applies a decision to a PENDING order (a missing total or hold id keeps the stored one)
-/// and returns the order as updated, with the kinds of its parked jobs before the decision's
+/// Applies a decision to a PENDING order (a missing total or hold id keeps the stored one; a
+/// decided order needs no takeover) and returns the order as updated, with the kinds of its parked jobs before the decision's
 /// job statements ran. `$1` order id, `$2` status, `$3` reason, `$4` retryable,
 /// `$5` retry_after_ms, `$6` fraud_review, `$7` now, `$8`/`$9` total, `$10` hold id.
 const DECIDE: &str = "UPDATE orders SET phase = 'DECIDED', status = $2, \
      reason = $3, retryable = $4, retry_after_ms = $5, fraud_review = $6, updated_at_ms = $7, \
      total_currency = COALESCE($8, total_currency), total_minor = COALESCE($9, total_minor), \
-     hold_id = COALESCE($10, hold_id) \
+     hold_id = COALESCE($10, hold_id), takeover_at_ms = NULL \
      WHERE order_id = $1 AND status = 'PENDING' \
      RETURNING order_id, scope, idempotency_key, request_hash, customer_id, cart_id, \
      wallet_account_id, expected_currency, expected_minor, deadline_ms, phase, status, reason, \
@@ -77,8 +88,8 @@ pub(super) const LEASE_DUE_JOBS: &str = "UPDATE jobs SET lease_owner = $3, run_a
 const MARK_PARKED: &str = "UPDATE orders SET reason = 'PARKED', retry_after_ms = NULL, \
      updated_at_ms = $2 WHERE order_id = $1 AND status = 'PENDING'";
 
-/// [`crate::store::OrderStore::begin`]: the order and its takeover job when it is new (two
-/// statements); otherwise the order stored under its key (or, for a drawn id already taken,
+/// [`crate::store::OrderStore::begin`]: the order with its takeover time when it is new (one
+/// statement); otherwise the order stored under its key (or, for a drawn id already taken,
 /// under that id).
 pub(super) fn begin(
     conn: &Connection,
@@ -99,14 +110,9 @@ pub(super) fn begin(
         "$10": order.deadline_ms,
         "$11": order.created_at_ms,
         "$12": order.traceparent,
+        "$13": takeover_at_ms,
     })?;
     if inserted == 1 {
-        conn.prepare_cached(INSERT_TAKEOVER)?
-            .execute(named_params! {
-                "$1": order.order_id,
-                "$2": takeover_at_ms,
-                "$3": order.created_at_ms,
-            })?;
         return Ok(Begin::Created(sql::received(order)));
     }
     let existing = match load_by_key(conn, &order.scope, &order.idempotency_key)? {
@@ -270,9 +276,14 @@ pub(super) struct Claim {
     pub(super) limit: i64,
 }
 
-/// [`crate::store::OrderStore::claim_due`]: the due jobs with their orders (one statement),
-/// then the same jobs leased, in the claim's transaction.
+/// [`crate::store::OrderStore::claim_due`]: the orders due for takeover handed over as
+/// `drive_order` jobs (two statements, each an empty range of an index when none is due),
+/// the due jobs with their orders
+/// (one statement), then the same jobs leased, in the claim's transaction.
 pub(super) fn claim_due(conn: &Connection, claim: &Claim) -> Result<Vec<Claimed>, Fail> {
+    let sweep = named_params! { "$1": claim.now_ms, "$2": sql::TAKEOVER_BATCH };
+    conn.prepare_cached(INSERT_TAKEOVERS)?.execute(sweep)?;
+    conn.prepare_cached(CLEAR_TAKEOVERS)?.execute(sweep)?;
     let claimed = conn
         .prepare_cached(DUE_JOBS)?
         .query_map(
