@@ -525,6 +525,11 @@ pub struct StoreConfig {
     pub data_dir: PathBuf,
     /// A `postgres://` URL selects PostgreSQL instead of SQLite.
     pub database_url: Option<String>,
+    /// Keeps orders and jobs in this process's memory only (`serve --memory-store`): nothing
+    /// survives the process, so a restart forgets every order, idempotency key and pending
+    /// capture. For benchmarks (`bench/run`'s serve-memory lane) and trying things out, never
+    /// for real orders. Excludes `database_url`.
+    pub in_memory: bool,
     /// SQLite durability.
     pub sqlite_synchronous: SqliteSynchronous,
     /// Cap, in MiB, on the memory SQLite keeps in this process (its page caches above all:
@@ -555,6 +560,7 @@ impl std::fmt::Debug for StoreConfig {
                 "database_url",
                 &self.database_url.as_deref().map(redact_url),
             )
+            .field("in_memory", &self.in_memory)
             .field("sqlite_synchronous", &self.sqlite_synchronous)
             .field("sqlite_memory_limit_mib", &self.sqlite_memory_limit_mib)
             .field("max_connections", &self.max_connections)
@@ -570,6 +576,7 @@ impl Default for StoreConfig {
         Self {
             data_dir: PathBuf::from("data"),
             database_url: None,
+            in_memory: false,
             sqlite_synchronous: SqliteSynchronous::Full,
             sqlite_memory_limit_mib: 16,
             max_connections: 16,
@@ -685,6 +692,13 @@ impl Config {
                 "store.database_url must be a postgres:// URL (got {:?}); leave it unset for SQLite",
                 redact_url(url)
             ));
+        }
+        if self.store.in_memory && self.store.database_url.is_some() {
+            return bad(
+                "store.in_memory and store.database_url exclude each other: memory keeps nothing, \
+                 PostgreSQL keeps everything"
+                    .to_owned(),
+            );
         }
         Ok(())
     }

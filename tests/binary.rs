@@ -501,6 +501,88 @@ async fn serve_takes_host_port_refuses_nonsense_and_logs_why_orders_decline() {
     stubs.stop().await;
 }
 
+/// `serve --memory-store` (bench/run's serve-memory lane) places and reads orders like any
+/// serve, says at start that nothing is durable, and keeps nothing across a restart; it cannot
+/// be combined with PostgreSQL, by flag or by config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_a_memory_store_works_and_keeps_nothing_across_a_restart() {
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let downstream = stubs.uri();
+    let args = [
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--memory-store".as_ref(),
+    ];
+    let (mut child, uri) = spawn_serve_with(&args, &log).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let placed = client
+        .place_order(with_timeout(
+            order("in-memory", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    let read = client
+        .get_order(as_client(by_key("in-memory"), "test"))
+        .await
+        .expect("the order is there while the process runs")
+        .into_inner();
+    assert_eq!(read.order_id, placed.order_id);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("store.in_memory") && text.contains("lost when it ends"),
+        "{text}"
+    );
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let (mut child, uri) = spawn_serve_with(&args, &log).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let gone = client
+        .get_order(as_client(by_key("in-memory"), "test"))
+        .await
+        .expect_err("nothing survives the process");
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let by_flags = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .args([
+            "--memory-store",
+            "--database-url",
+            "postgres://u@127.0.0.1/db",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!by_flags.status.success());
+    let stderr = String::from_utf8_lossy(&by_flags.stderr);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    let config = dir.path().join("checkout.toml");
+    std::fs::write(
+        &config,
+        "[store]\nin_memory = true\ndatabase_url = \"postgres://u@127.0.0.1/db\"\n",
+    )
+    .unwrap();
+    let by_config = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .arg("--config")
+        .arg(&config)
+        .env_remove("CHECKOUT_DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    assert!(!by_config.status.success());
+    let stderr = String::from_utf8_lossy(&by_config.stderr);
+    assert!(stderr.contains("exclude each other"), "{stderr}");
+    stubs.stop().await;
+}
+
 /// `--log-format json` writes one JSON object a line, and a line written inside a PlaceOrder
 /// carries the order id and the trace id of the caller's `traceparent`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

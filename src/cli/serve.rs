@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// ~/.pgpass) supply it. Never shown by --help, errors or logs.
     #[arg(long, env = "CHECKOUT_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    /// Keep orders in this process's memory only (config `store.in_memory`): nothing survives
+    /// the process. For benchmarks and trying things out, never for real orders.
+    #[arg(long, conflicts_with_all = ["database_url", "data_dir"])]
+    memory_store: bool,
     #[command(flatten)]
     tls: super::tls_flags::TlsFlags,
 }
@@ -59,6 +63,9 @@ impl ServeArgs {
         }
         if let Some(url) = &self.database_url {
             config.store.database_url = Some(url.clone());
+        }
+        if self.memory_store {
+            config.store.in_memory = true;
         }
         if let Some(tls) = self.tls.config() {
             config.tls = Some(tls);

@@ -62,8 +62,16 @@ use async_trait::async_trait;
 use crate::config::StoreConfig;
 
 /// Opens the store the configuration names: PostgreSQL when `database_url` is set (a
-/// `postgres://` or `postgresql://` URL), otherwise SQLite under `data_dir`. Applies the schema.
+/// `postgres://` or `postgresql://` URL), process memory when `in_memory` is (nothing durable:
+/// said in a warning), otherwise SQLite under `data_dir`. Applies the schema.
 pub async fn open(config: &StoreConfig) -> Result<Arc<dyn OrderStore>, StoreError> {
+    if config.in_memory {
+        tracing::warn!(
+            "store.in_memory: orders are kept in this process's memory only and are lost when it \
+             ends (for benchmarks and trying things out, never for real orders)"
+        );
+        return Ok(Arc::new(MemoryStore::new()));
+    }
     match config.database_url.as_deref() {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             let store = PostgresStore::open(
