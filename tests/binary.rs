@@ -88,6 +88,20 @@ async fn spawn_serve_logging(
     (child, format!("http://{addr}"))
 }
 
+/// Runs `checkout serve` with `args`, which must refuse to start; returns what it said on
+/// stderr. CHECKOUT_DATABASE_URL is removed, so only `args` choose the store.
+async fn serve_refused(args: &[&std::ffi::OsStr]) -> String {
+    let refused = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .args(args)
+        .env_remove("CHECKOUT_DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success(), "serve started with {args:?}");
+    String::from_utf8_lossy(&refused.stderr).into_owned()
+}
+
 fn crash_key(key: &str) -> tonic::Request<pb::GetOrderRequest> {
     as_client(by_key(key), "crash")
 }
@@ -435,14 +449,7 @@ async fn serve_takes_host_port_refuses_nonsense_and_logs_why_orders_decline() {
     child.start_kill().unwrap();
     child.wait().await.unwrap();
 
-    let refused = Command::new(env!("CARGO_BIN_EXE_checkout"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
-        .args(["--downstream", "stubs"])
-        .output()
-        .await
-        .unwrap();
-    assert!(!refused.status.success());
-    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let stderr = serve_refused(&["--downstream".as_ref(), "stubs".as_ref()]).await;
     assert!(
         stderr.contains("downstream.cart") && stderr.contains("host:port"),
         "{stderr}"
@@ -550,18 +557,12 @@ async fn serve_with_a_memory_store_works_and_keeps_nothing_across_a_restart() {
     child.start_kill().unwrap();
     child.wait().await.unwrap();
 
-    let by_flags = Command::new(env!("CARGO_BIN_EXE_checkout"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
-        .args([
-            "--memory-store",
-            "--database-url",
-            "postgres://u@127.0.0.1/db",
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert!(!by_flags.status.success());
-    let stderr = String::from_utf8_lossy(&by_flags.stderr);
+    let stderr = serve_refused(&[
+        "--memory-store".as_ref(),
+        "--database-url".as_ref(),
+        "postgres://u@127.0.0.1/db".as_ref(),
+    ])
+    .await;
     assert!(stderr.contains("cannot be used with"), "{stderr}");
     let config = dir.path().join("checkout.toml");
     std::fs::write(
@@ -569,16 +570,7 @@ async fn serve_with_a_memory_store_works_and_keeps_nothing_across_a_restart() {
         "[store]\nin_memory = true\ndatabase_url = \"postgres://u@127.0.0.1/db\"\n",
     )
     .unwrap();
-    let by_config = Command::new(env!("CARGO_BIN_EXE_checkout"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
-        .arg("--config")
-        .arg(&config)
-        .env_remove("CHECKOUT_DATABASE_URL")
-        .output()
-        .await
-        .unwrap();
-    assert!(!by_config.status.success());
-    let stderr = String::from_utf8_lossy(&by_config.stderr);
+    let stderr = serve_refused(&["--config".as_ref(), config.as_os_str()]).await;
     assert!(stderr.contains("exclude each other"), "{stderr}");
     stubs.stop().await;
 }

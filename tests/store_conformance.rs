@@ -134,6 +134,19 @@ async fn claim(store: &dyn OrderStore, owner: &str, now_ms: i64, lease_until_ms:
         .collect()
 }
 
+/// Finishes every job in `jobs` as done; each one's lease must hold.
+async fn finish_done(store: &dyn OrderStore, jobs: impl IntoIterator<Item = &Job>) {
+    for job in jobs {
+        assert!(
+            store
+                .finish_job(job, &JobOutcome::Done(None))
+                .await
+                .expect("done"),
+            "the lease of {job:?} held"
+        );
+    }
+}
+
 /// Claims the one job due at `now_ms`.
 async fn claim_one(store: &dyn OrderStore, now_ms: i64, lease_until_ms: i64) -> Job {
     let mut jobs = claim(store, "worker-a", now_ms, lease_until_ms).await;
@@ -1151,14 +1164,7 @@ mod cases {
             "{compensations:?}"
         );
         assert_eq!(compensations.len(), 2, "{compensations:?}");
-        for job in &compensations {
-            assert!(
-                store
-                    .finish_job(job, &JobOutcome::Done(None))
-                    .await
-                    .expect("done")
-            );
-        }
+        finish_done(store, &compensations).await;
 
         // o-1 only: the others were decided, o-late is not due.
         let taken = claim_one(store, 1_000, 2_000).await;
@@ -1227,14 +1233,7 @@ mod cases {
                 ("o-1".to_owned(), JobKind::InventoryRelease)
             ]
         );
-        for job in &due {
-            assert!(
-                store
-                    .finish_job(job, &JobOutcome::Done(None))
-                    .await
-                    .expect("done")
-            );
-        }
+        finish_done(store, &due).await;
 
         // o-2's capture is leased by a worker: too late.
         let leased = claim(store, "w", 5_000, 20_000).await;
@@ -1251,14 +1250,7 @@ mod cases {
                 .await
                 .expect("done")
         );
-        for job in leased.iter().filter(|j| j.id != capture.id) {
-            assert!(
-                store
-                    .finish_job(job, &JobOutcome::Done(None))
-                    .await
-                    .expect("done")
-            );
-        }
+        finish_done(store, leased.iter().filter(|j| j.id != capture.id)).await;
         // o-3's capture ran: too late as well.
         assert!(!store.abandon("o-3", 30_000, 1_000).await.expect("abandon"));
         assert!(

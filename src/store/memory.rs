@@ -152,11 +152,11 @@ impl State {
 
     /// Hands over the orders whose takeover time has passed as `drive_order` jobs due then.
     fn hand_over_takeovers(&mut self, now_ms: i64) {
-        while let Some((at, order_id)) = self.takeovers.first().cloned() {
-            if at > now_ms {
+        while self.takeovers.first().is_some_and(|(at, _)| *at <= now_ms) {
+            let Some((at, order_id)) = self.takeovers.pop_first() else {
                 break;
-            }
-            self.clear_takeover(&order_id);
+            };
+            self.takeover_at.remove(&order_id);
             self.add_job(&order_id, JobKind::DriveOrder, at, false, now_ms);
         }
     }

@@ -50,8 +50,8 @@ const RECORD_HOLD_INTENT: &str = "UPDATE orders SET phase = 'HOLD_SENT', \
      WHERE order_id = $1 AND phase = 'RECEIVED'";
 
 /// Applies a decision to a PENDING order (a missing total or hold id keeps the stored one; a
-/// decided order needs no takeover) and returns the order as updated, with the kinds of its parked jobs before the decision's
-/// job statements ran. `$1` order id, `$2` status, `$3` reason, `$4` retryable,
+/// decided order needs no takeover) and returns the order as updated, with the kinds of its
+/// parked jobs before the decision's job statements ran. `$1` order id, `$2` status, `$3` reason, `$4` retryable,
 /// `$5` retry_after_ms, `$6` fraud_review, `$7` now, `$8`/`$9` total, `$10` hold id.
 const DECIDE: &str = "UPDATE orders SET phase = 'DECIDED', status = $2, \
      reason = $3, retryable = $4, retry_after_ms = $5, fraud_review = $6, updated_at_ms = $7, \
@@ -278,8 +278,8 @@ pub(super) struct Claim {
 
 /// [`crate::store::OrderStore::claim_due`]: the orders due for takeover handed over as
 /// `drive_order` jobs (two statements, each an empty range of an index when none is due),
-/// the due jobs with their orders
-/// (one statement), then the same jobs leased, in the claim's transaction.
+/// the due jobs with their orders (one statement), then the same jobs leased, in the claim's
+/// transaction.
 pub(super) fn claim_due(conn: &Connection, claim: &Claim) -> Result<Vec<Claimed>, Fail> {
     let sweep = named_params! { "$1": claim.now_ms, "$2": sql::TAKEOVER_BATCH };
     conn.prepare_cached(INSERT_TAKEOVERS)?.execute(sweep)?;
