@@ -1,30 +1,17 @@
-//! Compiles proto/ with protox (a pure-Rust protobuf compiler, so no system `protoc`) and emits
-//! the descriptor set that server reflection serves.
+//! Encodes the descriptor set the orchestrator's server reflection serves: `checkout.v1` (both
+//! of its services) and what it imports, and nothing of the downstreams it calls, so grpcurl
+//! lists exactly what this port answers. The code itself is generated once, in
+//! `crates/checkout-proto`, and shared with the stubs and the client.
 
 use std::{env, path::PathBuf};
 
-const PROTOS: &[&str] = &[
-    "checkout/v1/checkout.proto",
-    "cart/v1/cart.proto",
-    "fraud/v1/fraud.proto",
-    "inventory/v1/inventory.proto",
-    "wallet/v1/wallet.proto",
-    "stub/v1/stub.proto",
-];
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rerun-if-changed=proto/checkout");
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
-
-    let descriptors = protox::compile(PROTOS, ["proto"])?;
+    let descriptors = protox::compile(["checkout/v1/checkout.proto"], ["proto"])?;
     std::fs::write(
-        out_dir.join("checkout_descriptor.bin"),
+        out_dir.join("orchestrator_descriptor.bin"),
         prost::Message::encode_to_vec(&descriptors),
     )?;
-
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(descriptors)?;
     Ok(())
 }

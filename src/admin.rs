@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 
 use crate::readiness::Readiness;
 use crate::store::OrderStore;
-use crate::telemetry::metrics;
+use checkout_telemetry::metrics;
 
 /// How long a scrape waits for the store's job counts before it renders the last ones.
 const STATS_TIMEOUT: Duration = Duration::from_secs(1);

@@ -14,22 +14,22 @@
 //! - [`admission`]: an adaptive concurrency limiter (gradient style, after Netflix
 //!   concurrency-limits and Envoy's adaptive concurrency filter).
 //! - [`downstream`]: the shared clients of cart, fraud, inventory and wallet; the one call path
-//!   that stamps every call with its budget; classification of failures (SPEC §5).
+//!   that stamps every call with its budget; classification of failures (docs/design.md §5).
 //! - [`store`]: durable orders and follow-up jobs (SQLite by default, PostgreSQL for replicas).
 //!
 //! Around it:
 //! - [`worker`]: the one layer that retries — leased jobs, backoff, the retry budget,
 //!   reconciliation, parking, retention — and the operator API.
 //! - [`server`]: wiring of one orchestrator process and its graceful shutdown.
-//! - [`stubs`]: configurable cart, fraud, inventory and wallet stubs plus their control plane.
 //! - [`config`]: every policy number, with the spec's defaults.
-//! - [`introspection`]: reflection and health, shared by both servers.
 //! - [`admin`]: the admin HTTP port (`/metrics`, `/healthz`, `/readyz`).
-//! - [`stall`]: a watch that tells a stalled runtime from a starved process, in the log.
-//! - [`telemetry`]: logs, OpenTelemetry spans, trace-context propagation and metrics.
-//! - [`load`]: open- and closed-loop PlaceOrder load, shared by `loadgen` and the scenarios.
-//! - [`scenario`]: the seeds' incidents replayed against stubs and an orchestrator in-process.
-//! - [`cli`]: the `checkout` subcommands; [`proto`]: generated code.
+//! - [`tls`]: server and downstream TLS, and the caller identity a client certificate gives.
+//! - [`cli`]: the `checkout` subcommands; [`proto`]: the generated code (`checkout-proto`).
+//!
+//! Beside it, in the workspace's `crates/`: `checkout-proto` (generated gRPC types of
+//! `proto/` and the deadline metadata), `checkout-telemetry` (logs, trace export, metrics, the
+//! stall watch), `checkout-stubs` (the four downstream stubs) and `checkout-bench` (load
+//! generation, the bare baseline and the incident scenarios).
 
 pub mod admin;
 pub mod admission;
@@ -39,15 +39,9 @@ pub mod cli;
 pub mod config;
 pub mod deadline;
 pub mod downstream;
-pub mod introspection;
-pub mod load;
-pub mod proto;
+pub use checkout_proto as proto;
 pub mod readiness;
-pub mod scenario;
 pub mod server;
-pub mod stall;
 pub mod store;
-pub mod stubs;
-pub mod telemetry;
 pub mod tls;
 pub mod worker;

@@ -16,13 +16,18 @@ use tonic::transport::server::TcpIncoming;
 use crate::checkout::{CheckoutApi, Orchestrator};
 use crate::config::Config;
 use crate::downstream::{AddressError, Downstreams};
-use crate::introspection::{self, IntrospectionError};
 use crate::proto::checkout::v1::{
     checkout_service_server::CheckoutServiceServer, operator_service_server::OperatorServiceServer,
 };
 use crate::readiness::{Readiness, watch_store};
 use crate::store::OrderStore;
 use crate::worker::{OperatorApi, Worker};
+use checkout_proto::reflection::{self, ReflectionError};
+
+/// Encoded `FileDescriptorSet` of what the orchestrator answers (`checkout.v1` and its
+/// imports, built by `build.rs`): what its reflection lists.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/orchestrator_descriptor.bin"));
 
 /// Why the orchestrator could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +37,7 @@ pub enum ServerError {
     Address(#[from] AddressError),
     /// Reflection could not be built.
     #[error(transparent)]
-    Introspection(#[from] IntrospectionError),
+    Reflection(#[from] ReflectionError),
     /// The listener's certificate or key cannot be used.
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
@@ -132,7 +137,7 @@ async fn serve_probed(
     );
 
     let mut routes = RoutesBuilder::default();
-    let health = introspection::add_to(&mut routes)?;
+    let health = reflection::add_to(&mut routes, FILE_DESCRIPTOR_SET)?;
     // Requests larger than any message of this API are refused before they are decoded.
     let max_message = config.server.max_message_size;
     routes
@@ -218,7 +223,7 @@ async fn serve_probed(
     let limits = &config.server;
     let mut builder = Server::builder()
         // Every call: trace context read from its headers, a server span, its duration timed.
-        .layer(crate::telemetry::ServerTraceLayer)
+        .layer(checkout_telemetry::ServerTraceLayer)
         // Calls beyond this per connection wait at the client, not here.
         .max_concurrent_streams(limits.max_concurrent_streams)
         // Dead peers are found and their connections closed...

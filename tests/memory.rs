@@ -15,7 +15,7 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use checkout::proto::checkout::v1::OrderStatus;
-use checkout::stubs::{StubConfig, StubServer};
+use checkout_stubs::{StubConfig, StubServer};
 use common::*;
 use futures::StreamExt;
 use tokio::net::TcpListener;

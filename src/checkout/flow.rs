@@ -30,17 +30,19 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::steps::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock};
+use super::trace::{StepSpan, store_write};
 use super::{CheckoutError, OrderRequest, Overload, Reason, Verdict};
 use crate::admission::{AdaptiveLimiter, Permit};
 use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
 use crate::config::{Config, FraudOnTimeout};
 use crate::deadline::{Deadline, now_ms};
+use crate::downstream::operation_context;
 use crate::downstream::{CallClass, Downstreams, HoldOutcome};
 use crate::proto::{inventory::v1 as inventory, wallet::v1 as wallet};
 use crate::store::{
     Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
 };
-use crate::telemetry::{self, StepSpan, metrics};
+use checkout_telemetry::{self as telemetry, metrics};
 
 /// Places orders: owns the policy, the admission limit, the downstream clients and the store.
 pub struct Orchestrator {
@@ -181,7 +183,7 @@ impl Orchestrator {
         let on_drop = abandoned.clone().drop_guard();
         let waterfall = Waterfall::new(deadline.started());
         let progress = Arc::new(Progress::default());
-        let trace = telemetry::operation_context(&abandoned);
+        let trace = operation_context(&abandoned);
         let (answer_tx, answer_rx) = oneshot::channel();
         let (delivered_tx, delivered_rx) = oneshot::channel();
         let operation = Operation {
@@ -334,7 +336,7 @@ impl Operation {
             record,
             waterfall: self.waterfall.clone(),
         };
-        let begun = telemetry::store_write(
+        let begun = store_write(
             "begin",
             orchestrator.store.begin(&order, takeover_at, self.limit()),
         )
@@ -393,7 +395,7 @@ impl Operation {
             // Nobody is waiting: take the time needed to make the abandonment durable.
             return self.record_abandonment(created, decision).await;
         }
-        match telemetry::store_write("decide", store.decide(&decision, self.limit())).await {
+        match store_write("decide", store.decide(&decision, self.limit())).await {
             Ok(stored) => stored,
             Err(error) => {
                 tracing::warn!(order_id = %created.order.order_id, %error, "decision not recorded in time; the worker will finish the order");
@@ -616,7 +618,7 @@ impl Run<'_> {
             }
             result
         };
-        let intent = telemetry::store_write(
+        let intent = store_write(
             "hold_intent",
             self.orchestrator.store.record_hold_intent(
                 &self.order.order_id,

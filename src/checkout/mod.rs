@@ -7,6 +7,7 @@ mod reason;
 mod request;
 mod service;
 mod steps;
+mod trace;
 mod verdict;
 
 pub use error::{CheckoutError, ERROR_DOMAIN, Overload, X_DEADLINE_EXCEEDED};

@@ -11,7 +11,7 @@ use crate::store::{Money, NewOrder};
 use crate::tls::peer_identity;
 
 /// Metadata naming the calling client; scopes idempotency keys.
-pub const X_CLIENT_ID: &str = "x-client-id";
+pub use checkout_proto::metadata::X_CLIENT_ID;
 
 /// One invalid field and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,7 +183,7 @@ impl OrderRequest {
             expected_total: self.expected_total.clone(),
             deadline_ms,
             created_at_ms: now_ms,
-            traceparent: crate::telemetry::current_traceparent(),
+            traceparent: checkout_telemetry::current_traceparent(),
         }
     }
 }

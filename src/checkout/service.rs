@@ -19,7 +19,7 @@ use crate::proto::checkout::v1::{
     self as pb, checkout_service_server::CheckoutService, get_order_request::Lookup,
 };
 use crate::store::{OrderRecord, OrderStatus, Phase};
-use crate::telemetry::{self, metrics};
+use checkout_telemetry::{self as telemetry, metrics};
 
 /// The gRPC face of the orchestrator.
 #[derive(Clone)]

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 use crate::budget::{ChildBudget, Step, StepOutcome, Waterfall};
+use crate::downstream::AttemptKind;
 use crate::downstream::{
     Attempt, CallClass, CallError, Downstreams, Hedger, HoldOutcome, HoldTerms, classify_hold,
     error_reason,
@@ -24,7 +25,6 @@ use crate::proto::{
     cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
 };
 use crate::store::{Money, NewOrder};
-use crate::telemetry::AttemptKind;
 
 /// A step's answer and how many calls it took.
 #[derive(Debug)]
@@ -348,7 +348,7 @@ impl<'a> StepCalls<'a> {
                             AttemptKind::Hedge,
                         ),
                     };
-                    crate::telemetry::as_attempt(kind, async move {
+                    crate::downstream::as_attempt(kind, async move {
                         let _cancel_when_dropped = token.clone().drop_guard();
                         match budget {
                             Some(budget) => call(budget, token).await,

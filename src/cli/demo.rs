@@ -39,7 +39,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    let stubs = crate::stubs::StubServer::start(stubs_listener, Vec::new()).await?;
+    let stubs = checkout_stubs::StubServer::start(stubs_listener, Vec::new()).await?;
 
     let mut config = Config {
         listen: args.listen,

@@ -1,19 +1,17 @@
-//! Command-line entry points. Each subcommand is one file; `run` dispatches.
+//! Command-line entry points. Each subcommand is one file; `run` dispatches. The measuring
+//! commands (`loadgen`, `bare`, `otlp-sink`, `scenario`) live in the `checkout-bench` binary;
+//! here they only hand over to it.
 
-pub mod bare;
+mod bench;
 mod demo;
-mod loadgen;
-mod otlp_sink;
 mod place;
-mod procfs;
-mod scenario;
 mod serve;
-mod signal;
+pub mod signal;
 mod stubs;
 mod tls_flags;
 pub mod waterfall;
 
-use crate::stall::{self, StallWatch};
+use checkout_telemetry::stall::{self, StallWatch};
 use clap::{Parser, Subcommand};
 
 /// A gRPC checkout orchestrator that propagates one caller-owned deadline end to end.
@@ -26,9 +24,9 @@ pub struct Cli {
         global = true,
         env = "CHECKOUT_LOG_FORMAT",
         value_enum,
-        default_value_t = crate::telemetry::LogFormat::Text
+        default_value_t = checkout_telemetry::LogFormat::Text
     )]
-    log_format: crate::telemetry::LogFormat,
+    log_format: checkout_telemetry::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,25 +41,31 @@ enum Command {
     Stubs(stubs::StubsArgs),
     /// Place one order with a chosen deadline; print the result and its budget waterfall.
     Place(place::PlaceArgs),
-    /// Drive PlaceOrder load and report orders/s, latency percentiles and CPU per order.
-    Loadgen(loadgen::LoadgenArgs),
+    /// Drive PlaceOrder load and report orders/s, latency percentiles and CPU per order
+    /// (runs `checkout-bench loadgen`).
+    #[command(disable_help_flag = true)]
+    Loadgen(bench::Forwarded),
     /// A naive fan-out orchestrator over the same stubs (no deadlines, store or telemetry):
-    /// the benchmark baseline, not a product.
-    Bare(bare::BareArgs),
-    /// An OTLP/gRPC trace collector that only counts what it is sent (for the benchmark).
-    #[command(hide = true)]
-    OtlpSink(otlp_sink::OtlpSinkArgs),
-    /// Replay the seeds' incidents (`list`, a name, or `all`) in-process and judge them.
-    Scenario(scenario::ScenarioArgs),
+    /// the benchmark baseline, not a product (runs `checkout-bench bare`).
+    #[command(disable_help_flag = true)]
+    Bare(bench::Forwarded),
+    /// An OTLP/gRPC collector that only counts what it is sent, for the benchmark (runs
+    /// `checkout-bench otlp-sink`).
+    #[command(disable_help_flag = true)]
+    OtlpSink(bench::Forwarded),
+    /// Replay the incidents (`list`, a name, or `all`) in-process and judge them (runs
+    /// `checkout-bench scenario`).
+    #[command(disable_help_flag = true)]
+    Scenario(bench::Forwarded),
 }
 
 /// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let telemetry = match &cli.command {
         Command::Demo(_) | Command::Serve(_) => {
-            Some(crate::telemetry::init("checkout", cli.log_format))
+            Some(checkout_telemetry::init("checkout", cli.log_format))
         }
-        Command::Stubs(_) => Some(crate::telemetry::init("checkout-stubs", cli.log_format)),
+        Command::Stubs(_) => Some(checkout_telemetry::init("checkout-stubs", cli.log_format)),
         // The bare baseline has no telemetry on purpose: it is what serve is compared with.
         Command::Place(_)
         | Command::Loadgen(_)
@@ -69,7 +73,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         | Command::OtlpSink(_)
         | Command::Scenario(_) => None,
     };
-    // The servers log how late their runtime and an OS thread wake (see `crate::stall`).
+    // The servers log how late their runtime and an OS thread wake (see `checkout_telemetry::stall`).
     let _stalls = match &cli.command {
         Command::Serve(_) => Some(StallWatch::start("serve", stall::REPORT_OVER)),
         Command::Stubs(_) => Some(StallWatch::start("stubs", stall::REPORT_OVER)),
@@ -80,10 +84,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args).await,
         Command::Stubs(args) => stubs::run(args).await,
         Command::Place(args) => place::run(args).await,
-        Command::Loadgen(args) => loadgen::run(args).await,
-        Command::Bare(args) => bare::run(args).await,
-        Command::OtlpSink(args) => otlp_sink::run(args).await,
-        Command::Scenario(args) => scenario::run(args).await,
+        Command::Loadgen(args) => bench::run("loadgen", args),
+        Command::Bare(args) => bench::run("bare", args),
+        Command::OtlpSink(args) => bench::run("otlp-sink", args),
+        Command::Scenario(args) => bench::run("scenario", args),
     };
     if let Some(telemetry) = telemetry {
         telemetry.shutdown().await;

@@ -6,7 +6,7 @@ use std::num::NonZeroUsize;
 use anyhow::Context;
 use clap::Args;
 
-use crate::stubs::{BehaviorSpec, StubConfig};
+use checkout_stubs::{BehaviorSpec, StubConfig};
 
 /// Flags of `checkout stubs`.
 #[derive(Debug, Args)]
@@ -63,9 +63,14 @@ pub async fn run(args: StubsArgs) -> anyhow::Result<()> {
     let config = StubConfig {
         behaviors: args.behaviors,
         history_capacity: args.history_capacity,
-        tls: args.tls.config(),
+        // Read now, so that a bad certificate or key stops the start with its flag's name.
+        tls: args
+            .tls
+            .config()
+            .map(|tls| tls.server("stubs"))
+            .transpose()?,
     };
-    let served = crate::stubs::serve(listener, config, super::signal::shutdown()).await;
+    let served = checkout_stubs::serve(listener, config, super::signal::shutdown()).await;
     admin_stop.cancel();
     if let Some(task) = admin_task {
         task.await??;

@@ -8,12 +8,7 @@ use tonic::metadata::MetadataMap;
 use super::{Deadline, DeadlineSource, epoch_ms, grpc_timeout};
 use crate::config::DeadlinePolicy;
 
-/// The gRPC wire deadline (relative).
-pub const GRPC_TIMEOUT: &str = "grpc-timeout";
-/// Absolute deadline in epoch milliseconds (seed 001).
-pub const X_REQUEST_DEADLINE: &str = "x-request-deadline";
-/// Relative deadline in milliseconds (ADR-0007).
-pub const REQUEST_DEADLINE_MS: &str = "request-deadline-ms";
+pub use checkout_proto::metadata::{GRPC_TIMEOUT, REQUEST_DEADLINE_MS, X_REQUEST_DEADLINE};
 
 /// A deadline header that cannot be trusted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,10 +1,12 @@
 //! The caller's deadline: read once at ingress (SPEC §3), then the only clock every later step
 //! spends from.
 
-pub mod grpc_timeout;
 mod ingest;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
+
+pub use checkout_proto::grpc_timeout;
+pub use checkout_proto::metadata::{epoch_ms, now_ms};
 
 pub use ingest::{
     GRPC_TIMEOUT, IngestError, REQUEST_DEADLINE_MS, X_REQUEST_DEADLINE, ingest, ingest_at,
@@ -116,19 +118,6 @@ impl Deadline {
             .checked_sub(by)
             .unwrap_or(self.started)
             .max(self.started)
-    }
-}
-
-/// Now, in milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    epoch_ms(SystemTime::now())
-}
-
-/// Milliseconds since the Unix epoch (negative before 1970, which no clock here reports).
-pub fn epoch_ms(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => millis_i64(d),
-        Err(e) => -millis_i64(e.duration()),
     }
 }
 

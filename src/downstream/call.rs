@@ -3,7 +3,7 @@
 //! the budget on the request, race the call against its budget and its cancellation token, and
 //! drop it (resetting the HTTP/2 stream, so the server sees the cancel) when either ends first;
 //! then tell the breaker how the service did. Each attempt is a client span whose trace context
-//! the request carries (see [`crate::telemetry::Attempt`]). A call the downstream could not answer is logged
+//! the request carries (see [`super::AttemptSpan`]). A call the downstream could not answer is logged
 //! (rate-limited) with its classification and the transport's own words, so an operator can
 //! see why orders decline.
 
@@ -128,10 +128,14 @@ impl Guards {
     /// state is published as a metric.
     pub fn new(steps: &Steps, breaker: &BreakerPolicy) -> Self {
         let now = Instant::now();
-        let hook: super::breaker::TransitionHook =
-            std::sync::Arc::new(|t| crate::telemetry::metrics::breaker_state(t.name, t.to));
+        let hook: super::breaker::TransitionHook = std::sync::Arc::new(|t| {
+            checkout_telemetry::metrics::breaker_state(t.name, t.to.as_str())
+        });
         let breakers = Rpc::ALL.map(|rpc| {
-            crate::telemetry::metrics::breaker_state(rpc.method, super::BreakerState::Closed);
+            checkout_telemetry::metrics::breaker_state(
+                rpc.method,
+                super::BreakerState::Closed.as_str(),
+            );
             Breaker::with_hook(rpc.method, breaker, now, hook.clone())
         });
         Self {
@@ -297,7 +301,7 @@ where
         MetadataValue::from(budget.forward_epoch_ms()),
     );
     // The attempt's client span; its trace context goes out as `traceparent`.
-    let attempt = crate::telemetry::Attempt::start(rpc.method, budget, metadata);
+    let attempt = super::AttemptSpan::start(rpc.method, budget, metadata);
     tracing::trace!(method = rpc.method, step = %budget.step(), budget = ?budget.timeout(), "sending");
 
     let result = tokio::select! {
@@ -332,7 +336,7 @@ where
 /// A call refused before it was sent, logged and counted like any call the service could not
 /// take.
 fn refused(rpc: Rpc, budget: &ChildBudget, why: Refusal) -> CallError {
-    crate::telemetry::attempt_refused(budget.step());
+    super::attempt_refused(budget.step());
     let error = CallError::Refused(why);
     log_failure(rpc, &error);
     error

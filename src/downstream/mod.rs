@@ -11,6 +11,7 @@ pub mod bulkhead;
 mod call;
 mod classify;
 pub mod hedge;
+mod trace;
 
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
@@ -20,6 +21,9 @@ pub use bulkhead::{Bulkhead, validate_max_concurrency};
 pub use call::{CallError, Guards, Refusal, Rpc};
 pub use classify::{CallClass, HoldOutcome, HoldTerms, classify_hold, error_reason};
 pub use hedge::{Attempt, HedgePolicy, Hedger};
+pub use trace::{
+    AttemptKind, AttemptSpan, as_attempt, attempt_refused, cancel_reason, operation_context,
+};
 
 use crate::budget::ChildBudget;
 use crate::config::{Config, DownstreamTlsConfig, downstream_uri};

@@ -14,6 +14,7 @@ mod backoff;
 mod jobs;
 mod operator;
 mod retry_budget;
+mod trace;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,7 +40,6 @@ use crate::downstream::Downstreams;
 use crate::store::{
     Claimed, Failure, Job, JobKind, JobOutcome, OrderRecord, OrderStatus, OrderStore,
 };
-use crate::telemetry;
 
 /// Works jobs until stopped.
 pub struct Worker {
@@ -262,7 +262,7 @@ impl Worker {
         };
         let budget = self.budget_for(job.kind, Some(&order));
         if job.attempts > 0 && !budget.try_retry() {
-            crate::telemetry::metrics::retry_budget_exhausted();
+            checkout_telemetry::metrics::retry_budget_exhausted();
             let now = now_ms();
             let outcome = JobOutcome::RetryAt {
                 run_at_ms: now + millis(jobs::BUDGET_WAIT) + i64::from(rand::random::<u16>() % 500),
@@ -284,7 +284,7 @@ impl Worker {
             deadline: Deadline::after(policy.attempt_timeout),
             stop,
         };
-        let trace = telemetry::job_context(
+        let trace = trace::job_context(
             job.kind.as_str(),
             job.attempts,
             &job.order_id,
@@ -299,9 +299,9 @@ impl Worker {
             .with_context(trace.clone())
             .await;
         match &handled {
-            Ok(Handled::Done(_)) => telemetry::job_ended(&trace, "done", None),
-            Ok(Handled::Wait { .. }) => telemetry::job_ended(&trace, "wait", None),
-            Err(error) => telemetry::job_ended(&trace, error.kind(), Some(&error.to_string())),
+            Ok(Handled::Done(_)) => trace::job_ended(&trace, "done", None),
+            Ok(Handled::Wait { .. }) => trace::job_ended(&trace, "wait", None),
+            Err(error) => trace::job_ended(&trace, error.kind(), Some(&error.to_string())),
         }
         let now = now_ms();
         let outcome = match handled {

@@ -11,7 +11,7 @@ use checkout::proto::checkout::v1::{self as pb, checkout_service_client::Checkou
 use checkout::proto::stub::v1::{self as stub, Behavior, Fault};
 use checkout::server::Running;
 use checkout::store::OrderStore;
-use checkout::stubs::StubServer;
+use checkout_stubs::StubServer;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 

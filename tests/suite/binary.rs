@@ -1,0 +1,691 @@
+//! The real `checkout` binary as a process: a SIGKILL in the middle of a few hundred orders
+//! (restarted on the same SQLite file, every order is accounted for through GetOrder and the
+//! stubs' effect log — nothing lost, nothing stuck, at most one hold and one capture per
+//! reference, no capture for anything DECLINED), and a SIGTERM that lets in-flight orders finish.
+
+use crate::common;
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use checkout::proto::checkout::v1::{
+    self as pb, OrderStatus, checkout_service_client::CheckoutServiceClient,
+};
+use checkout::proto::stub::v1::{Behavior, Fault};
+use common::*;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+use tonic::Code;
+
+const ORDERS: usize = 400;
+const CALLERS: usize = 24;
+
+/// Starts `checkout serve` on an ephemeral port; returns the child and its address.
+async fn spawn_serve(
+    downstream: &str,
+    data_dir: &std::path::Path,
+    log: &std::path::Path,
+) -> (Child, String) {
+    let args = [
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data_dir.as_os_str(),
+    ];
+    spawn_serve_with(&args, log).await
+}
+
+/// Starts `checkout serve --listen 127.0.0.1:0` with `args`, its stderr appended to `log`;
+/// returns the child and its address once it announced it.
+async fn spawn_serve_with(args: &[&std::ffi::OsStr], log: &std::path::Path) -> (Child, String) {
+    spawn_serve_logging(args, log, "warn").await
+}
+
+/// [`spawn_serve_with`], logging at `rust_log`.
+async fn spawn_serve_logging(
+    args: &[&std::ffi::OsStr],
+    log: &std::path::Path,
+    rust_log: &str,
+) -> (Child, String) {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        // Tests never bind fixed ports: the admin port too is picked by the kernel.
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .env("RUST_LOG", rust_log)
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn checkout serve");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("serve announced its address in time")
+        .unwrap()
+        .expect("a line on stdout");
+    let addr = line
+        .strip_prefix("checkout serving on ")
+        .expect("the address line")
+        .trim()
+        .to_owned();
+    // Keep reading stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, format!("http://{addr}"))
+}
+
+/// Runs `checkout serve` with `args`, which must refuse to start; returns what it said on
+/// stderr. CHECKOUT_DATABASE_URL is removed, so only `args` choose the store.
+async fn serve_refused(args: &[&std::ffi::OsStr]) -> String {
+    let refused = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .args(args)
+        .env_remove("CHECKOUT_DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success(), "serve started with {args:?}");
+    String::from_utf8_lossy(&refused.stderr).into_owned()
+}
+
+fn crash_key(key: &str) -> tonic::Request<pb::GetOrderRequest> {
+    as_client(by_key(key), "crash")
+}
+
+/// Kill -9 mid-load, restart, and check every order and every effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
+    let stubs = start_stubs().await;
+    let control = Control::connect(stubs.uri()).await;
+    // Realistic latencies, and a few holds that apply but never answer, so the crash finds
+    // orders in every phase and the reconciler has work.
+    control
+        .configure(
+            "cart",
+            "",
+            Behavior {
+                latency_ms: 5,
+                latency_p99_ms: 20,
+                fault: Fault::None.into(),
+                fault_probability: None,
+            },
+        )
+        .await;
+    control
+        .configure(
+            "fraud",
+            "",
+            Behavior {
+                latency_ms: 15,
+                latency_p99_ms: 60,
+                fault: Fault::None.into(),
+                fault_probability: None,
+            },
+        )
+        .await;
+    control
+        .configure(
+            "inventory",
+            "",
+            Behavior {
+                latency_ms: 10,
+                latency_p99_ms: 40,
+                fault: Fault::None.into(),
+                fault_probability: None,
+            },
+        )
+        .await;
+    control
+        .configure(
+            "wallet",
+            "Hold",
+            Behavior {
+                latency_ms: 40,
+                latency_p99_ms: 200,
+                fault: Fault::Ambiguous.into(),
+                fault_probability: Some(0.05),
+            },
+        )
+        .await;
+    control
+        .configure(
+            "wallet",
+            "Capture",
+            Behavior {
+                latency_ms: 20,
+                latency_p99_ms: 80,
+                fault: Fault::None.into(),
+                fault_probability: None,
+            },
+        )
+        .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let data = dir.path().join("data");
+    let (mut first, uri) = spawn_serve(&stubs.uri(), &data, &log).await;
+    let client = CheckoutServiceClient::connect(uri).await.unwrap();
+
+    // Drive the orders; kill the process once about a third have been answered.
+    let answers: Arc<Mutex<HashMap<String, Result<pb::Order, Code>>>> = Arc::default();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let (client, answers, next) = (client.clone(), Arc::clone(&answers), Arc::clone(&next));
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if i >= ORDERS {
+                        return;
+                    }
+                    let key = format!("crash-{i}");
+                    let mut request = with_timeout(
+                        order(&key, &format!("cart-{}", 100 + i)),
+                        Duration::from_millis(1500),
+                    );
+                    request
+                        .metadata_mut()
+                        .insert("x-client-id", "crash".parse().unwrap());
+                    let answer = client
+                        .clone()
+                        .place_order(request)
+                        .await
+                        .map(|r| r.into_inner())
+                        .map_err(|s| s.code());
+                    let failed = answer.is_err();
+                    answers.lock().await.insert(key, answer);
+                    if failed {
+                        return; // The process is gone: stop sending.
+                    }
+                }
+            })
+        })
+        .collect();
+    let kill_at = Instant::now() + Duration::from_secs(30);
+    let answered_at_kill = loop {
+        let answered = answers.lock().await.len();
+        if answered >= ORDERS / 2 {
+            break answered;
+        }
+        assert!(
+            Instant::now() < kill_at,
+            "only {answered} answers before the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    first.start_kill().expect("SIGKILL");
+    first.wait().await.unwrap();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let answers = Arc::try_unwrap(answers).unwrap().into_inner();
+    let sent = answers.len();
+    let answered_before = answers.values().filter(|a| a.is_ok()).count();
+    assert!(
+        sent < ORDERS || answered_before < ORDERS,
+        "the kill happened mid-load"
+    );
+
+    // Restart on the same file.
+    let (mut second, uri) = spawn_serve(&stubs.uri(), &data, &log).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut finals: HashMap<String, pb::Order> = HashMap::new();
+    let mut never_recorded = Vec::new();
+    for (key, answer) in &answers {
+        loop {
+            match client.get_order(crash_key(key)).await {
+                Ok(found) => {
+                    let found = found.into_inner();
+                    if found.status() != OrderStatus::Pending {
+                        if let Ok(told) = answer
+                            && told.status() != OrderStatus::Pending
+                        {
+                            assert_eq!(
+                                (found.status(), &found.reason),
+                                (told.status(), &told.reason),
+                                "{key} changed after it was answered"
+                            );
+                        }
+                        finals.insert(key.clone(), found);
+                        break;
+                    }
+                }
+                Err(status) if status.code() == Code::NotFound => {
+                    assert!(answer.is_err(), "{key} was answered {answer:?} but is lost");
+                    never_recorded.push(key.clone());
+                    break;
+                }
+                Err(status) => panic!("GetOrder {key}: {status:?}"),
+            }
+            assert!(
+                Instant::now() < until,
+                "{key} is stuck: {:?}",
+                client.get_order(crash_key(key)).await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // Let every capture land, then audit the effect log per reference.
+    let confirmed: Vec<_> = finals
+        .values()
+        .filter(|o| o.status() == OrderStatus::Confirmed)
+        .map(|o| o.order_id.clone())
+        .collect();
+    let until = Instant::now() + Duration::from_secs(60);
+    let effects = loop {
+        let effects = control.effects("").await;
+        let captured = effects.iter().filter(|e| e.method == "Capture").count();
+        if captured >= confirmed.len() {
+            break effects;
+        }
+        assert!(
+            Instant::now() < until,
+            "{captured} of {} captures after restart",
+            confirmed.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let count = |method: &str, reference: &str| {
+        effects
+            .iter()
+            .filter(|e| e.method == method && e.reference == reference)
+            .count()
+    };
+    for (key, o) in &finals {
+        let holds = count("Hold", &o.order_id);
+        let captures = count("Capture", &o.order_id);
+        assert!(holds <= 1, "{key}: {holds} holds");
+        assert!(captures <= 1, "{key}: {captures} captures");
+        match o.status() {
+            OrderStatus::Confirmed => assert_eq!((holds, captures), (1, 1), "{key}"),
+            _ => assert_eq!(captures, 0, "{key} is {:?} but was captured", o.status()),
+        }
+    }
+    // Order ids are random, so an order that was never recorded has no id to look for: every
+    // effect must belong to a recorded order instead.
+    let recorded: std::collections::HashSet<&str> =
+        finals.values().map(|o| o.order_id.as_str()).collect();
+    for effect in &effects {
+        assert!(
+            recorded.contains(effect.reference.as_str()),
+            "an effect on {} belongs to no recorded order ({} keys were never recorded)",
+            effect.reference,
+            never_recorded.len()
+        );
+    }
+    let lost_in_flight = answers.values().filter(|a| a.is_err()).count() - never_recorded.len();
+    eprintln!(
+        "crash-restart: {sent} sent, {answered_before} answered before SIGKILL, {lost_in_flight} in flight finished after restart, {} never recorded, {} confirmed",
+        never_recorded.len(),
+        confirmed.len()
+    );
+    // The kill came after half the orders had their answer (an answer may be an error on a
+    // loaded machine: UNAVAILABLE when the store could not record in time).
+    assert!(answered_at_kill >= ORDERS / 2);
+    assert!(answered_before > 0);
+
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(second.id().unwrap().to_string())
+        .status();
+    let _ = tokio::time::timeout(Duration::from_secs(10), second.wait()).await;
+    stubs.stop().await;
+}
+
+/// SIGTERM stops accepting connections but lets an order in flight finish within its own
+/// deadline; then the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
+    let stubs = start_stubs().await;
+    let control = Control::connect(stubs.uri()).await;
+    control
+        .configure(
+            "wallet",
+            "Hold",
+            Behavior {
+                latency_ms: 600,
+                latency_p99_ms: 0,
+                fault: Fault::None.into(),
+                fault_probability: None,
+            },
+        )
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, uri) = spawn_serve(
+        &stubs.uri(),
+        &dir.path().join("data"),
+        &dir.path().join("serve.log"),
+    )
+    .await;
+    let client = CheckoutServiceClient::connect(uri.clone()).await.unwrap();
+    let in_flight = tokio::spawn(async move {
+        let mut request = with_timeout(order("graceful", "cart-7"), Duration::from_secs(2));
+        request
+            .metadata_mut()
+            .insert("x-client-id", "crash".parse().unwrap());
+        client.clone().place_order(request).await
+    });
+    // The order is in flight once its hold reached the (slow) wallet.
+    control
+        .method_until("wallet", "Hold", Duration::from_secs(10), |m| {
+            m.received == 1
+        })
+        .await;
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // The listener closes promptly: poll until a new connection is refused.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(1),
+            CheckoutServiceClient::connect(uri.clone()),
+        )
+        .await;
+        if matches!(attempt, Ok(Err(_))) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "a new connection after SIGTERM must be refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let answer = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight order is answered");
+    assert_eq!(answer.into_inner().status(), OrderStatus::Confirmed);
+    let exit = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("exits after draining")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    stubs.stop().await;
+}
+
+/// `serve` as an operator types it: `--downstream 127.0.0.1:PORT` (the form `--listen` and
+/// grpcurl take) reaches the stubs; an address that is neither host:port nor a URI stops the
+/// start with a message naming the key; and when a downstream cannot be reached, the log says
+/// which service, how the failure was classified and what the transport said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_takes_host_port_refuses_nonsense_and_logs_why_orders_decline() {
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let plain = stubs.uri().trim_start_matches("http://").to_owned();
+    let (mut child, uri) = spawn_serve(&plain, &dir.path().join("a"), &log).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let placed = client
+        .place_order(with_timeout(
+            order("plain", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let stderr = serve_refused(&["--downstream".as_ref(), "stubs".as_ref()]).await;
+    assert!(
+        stderr.contains("downstream.cart") && stderr.contains("host:port"),
+        "{stderr}"
+    );
+
+    // Cart on a port nobody listens on; the rest at the stubs.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let config = dir.path().join("checkout.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[downstream]\ncart = \"{closed}\"\nfraud = \"{plain}\"\ninventory = \"{plain}\"\nwallet = \"{plain}\"\n"
+        ),
+    )
+    .unwrap();
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--data-dir".as_ref(),
+        dir.path().join("b").into_os_string().leak() as &std::ffi::OsStr,
+    ];
+    let (mut child, uri) = spawn_serve_with(&args, &log).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let declined = client
+        .place_order(with_timeout(
+            order("no-cart", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(
+        (declined.status(), declined.reason.as_str()),
+        (OrderStatus::Declined, "CART_UNAVAILABLE")
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.contains("downstream call failed") && l.contains("service=\"cart\""))
+        {
+            assert!(line.contains("WARN"), "{line}");
+            assert!(line.contains("class=\"unavailable\""), "{line}");
+            assert!(line.to_lowercase().contains("connection refused"), "{line}");
+            break;
+        }
+        assert!(Instant::now() < until, "no log line says why: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    stubs.stop().await;
+}
+
+/// `serve --memory-store` (bench/run's serve-memory lane) places and reads orders like any
+/// serve, says at start that nothing is durable, and keeps nothing across a restart; it cannot
+/// be combined with PostgreSQL, by flag or by config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_a_memory_store_works_and_keeps_nothing_across_a_restart() {
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let downstream = stubs.uri();
+    let args = [
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--memory-store".as_ref(),
+    ];
+    let (mut child, uri) = spawn_serve_with(&args, &log).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let placed = client
+        .place_order(with_timeout(
+            order("in-memory", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    let read = client
+        .get_order(as_client(by_key("in-memory"), "test"))
+        .await
+        .expect("the order is there while the process runs")
+        .into_inner();
+    assert_eq!(read.order_id, placed.order_id);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("store.in_memory") && text.contains("lost when it ends"),
+        "{text}"
+    );
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let (mut child, uri) = spawn_serve_with(&args, &log).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let gone = client
+        .get_order(as_client(by_key("in-memory"), "test"))
+        .await
+        .expect_err("nothing survives the process");
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let stderr = serve_refused(&[
+        "--memory-store".as_ref(),
+        "--database-url".as_ref(),
+        "postgres://u@127.0.0.1/db".as_ref(),
+    ])
+    .await;
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    let config = dir.path().join("checkout.toml");
+    std::fs::write(
+        &config,
+        "[store]\nin_memory = true\ndatabase_url = \"postgres://u@127.0.0.1/db\"\n",
+    )
+    .unwrap();
+    let stderr = serve_refused(&["--config".as_ref(), config.as_os_str()]).await;
+    assert!(stderr.contains("exclude each other"), "{stderr}");
+    stubs.stop().await;
+}
+
+/// `--log-format json` writes one JSON object a line, and a line written inside a PlaceOrder
+/// carries the order id and the trace id of the caller's `traceparent`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_name_the_order_and_the_trace() {
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let downstream = stubs.uri();
+    let args = [
+        "--log-format".as_ref(),
+        "json".as_ref(),
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        dir.path().as_os_str(),
+    ];
+    let (mut child, uri) = spawn_serve_logging(&args, &log, "info").await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut request = with_timeout(order("json-1", "cart-9"), Duration::from_secs(2));
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace}-00f067aa0ba902b7-01").parse().unwrap(),
+    );
+    let placed = client.place_order(request).await.unwrap().into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    // A cart that cannot answer: the warning is written inside the second order's request.
+    let control = Control::connect(stubs.uri()).await;
+    control
+        .configure("cart", "", common::behavior(0, Fault::Unavailable))
+        .await;
+    let mut request = with_timeout(order("json-2", "cart-9"), Duration::from_secs(2));
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace}-00f067aa0ba902b8-01").parse().unwrap(),
+    );
+    let declined = client.place_order(request).await.unwrap().into_inner();
+    assert_eq!(declined.reason, "CART_UNAVAILABLE", "{declined:?}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let answered = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "PlaceOrder answered")
+        .unwrap_or_else(|| panic!("no answer line in {text}"));
+    assert_eq!(answered["fields"]["order_id"], placed.order_id.as_str());
+    assert_eq!(answered["fields"]["trace_id"], trace);
+    let inside = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "downstream call failed")
+        .unwrap_or_else(|| panic!("no failure line in {text}"));
+    assert_eq!(inside["span"]["name"], "PlaceOrder", "{inside}");
+    assert_eq!(
+        inside["span"]["order_id"],
+        declined.order_id.as_str(),
+        "{inside}"
+    );
+    assert_eq!(inside["span"]["trace_id"], trace, "{inside}");
+}
+
+/// `checkout stubs` started with `envs`; returns the child once it announced its address (its
+/// `main` has run by then).
+async fn spawn_stubs_with_env(envs: &[(&str, &str)]) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["stubs", "--listen", "127.0.0.1:0"])
+        .envs(envs.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn checkout stubs");
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::time::timeout(
+        Duration::from_secs(30),
+        BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("stubs announced their address in time")
+    .unwrap()
+    .expect("a line on stdout");
+    assert!(line.contains("serving on"), "{line}");
+    child
+}
+
+/// The `THP_enabled` flag of process `pid` (Linux's /proc/PID/status).
+fn thp_enabled(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .expect("the kernel reports THP_enabled")
+        .trim()
+        .to_owned()
+}
+
+/// Transparent huge pages are off in the binary's processes (their 2 MiB zeroing on first touch
+/// stalled the runtime under surges), and `MIMALLOC_ALLOW_THP` keeps them on if asked.
+#[tokio::test]
+async fn the_binary_turns_transparent_huge_pages_off_unless_told_otherwise() {
+    let mut default = spawn_stubs_with_env(&[]).await;
+    let pid = default.id().expect("running");
+    assert_eq!(thp_enabled(pid), "0", "THP off by default");
+    default.kill().await.unwrap();
+
+    let mut kept = spawn_stubs_with_env(&[("MIMALLOC_ALLOW_THP", "1")]).await;
+    let pid = kept.id().expect("running");
+    assert_eq!(thp_enabled(pid), "1", "MIMALLOC_ALLOW_THP=1 keeps THP");
+    kept.kill().await.unwrap();
+}

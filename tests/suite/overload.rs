@@ -1,0 +1,272 @@
+//! Overload and tail tolerance over real gRPC (issue 9 §1–3): orders past the admission limit
+//! are refused at once with nothing recorded or sent; a full bulkhead or an open breaker keeps
+//! a call from being sent and declines WALLET_UNAVAILABLE (retryable, no reconcile work); the
+//! duplicate-safe steps hedge, and the losing attempt is cancelled.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use checkout::config::Config;
+use checkout::proto::checkout::v1::{self as pb, OrderStatus};
+use checkout::proto::stub::v1::{Behavior, Fault};
+use common::{Harness, behavior, order, start_with};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tonic::Code;
+use tonic_types::StatusExt;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// The step named `name` of an order's waterfall.
+fn step<'a>(order: &'a pb::Order, name: &str) -> &'a pb::BudgetStep {
+    let budget = order.budget.as_ref().expect("budget report");
+    budget
+        .steps
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no {name} step in {budget:?}"))
+}
+
+/// A fixed admission limit of `limit` (the adaptive limit's floor and ceiling).
+fn fixed_admission(c: &mut Config, limit: usize) {
+    c.admission.min_limit = limit;
+    c.admission.initial_limit = limit;
+    c.admission.max_limit = limit;
+}
+
+/// With the admission limit at 2 and two orders stuck at the cart, a third is refused at once:
+/// RESOURCE_EXHAUSTED, ErrorInfo OVERLOADED and RetryInfo; the cart never sees it and nothing
+/// is recorded under its key. Once the two finish, orders are admitted again.
+#[tokio::test]
+async fn orders_past_the_admission_limit_are_refused_at_once_with_nothing_recorded() {
+    let h = start_with(|c| {
+        fixed_admission(c, 2);
+        c.steps.cart.cap = 2 * SECOND;
+    })
+    .await;
+    h.configure("cart", "FreezeCart", behavior(1_500, Fault::None))
+        .await;
+    let first = tokio::spawn(place_in(&h, "held-1", 3 * SECOND));
+    let second = tokio::spawn(place_in(&h, "held-2", 3 * SECOND));
+    h.method_until("cart", "FreezeCart", 10 * SECOND, |m| m.received >= 2)
+        .await;
+
+    let (answer, took) = h.place(order("shed", "cart-1"), 3 * SECOND).await;
+    let status = answer.expect_err("over the limit");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let info = status.get_details_error_info().expect("ErrorInfo");
+    assert_eq!(info.reason, "OVERLOADED");
+    assert_eq!(
+        info.metadata.get("cause").map(String::as_str),
+        Some("concurrency_limit")
+    );
+    let retry = status.get_details_retry_info().expect("RetryInfo");
+    assert!(retry.retry_delay.is_some_and(|d| d > Duration::ZERO));
+    assert!(
+        took < SECOND,
+        "a refusal is answered at once, not after the cart: {took:?}"
+    );
+    assert_eq!(
+        h.get_by_key("shed")
+            .await
+            .expect_err("nothing recorded")
+            .code(),
+        Code::NotFound
+    );
+    assert_eq!(h.method("cart", "FreezeCart").await.received, 2);
+
+    h.configure("cart", "FreezeCart", behavior(0, Fault::None))
+        .await;
+    for held in [first, second] {
+        let placed = held.await.expect("task").expect("admitted order answers");
+        assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    }
+    let after = h.place_ok(order("after", "cart-1"), 3 * SECOND).await;
+    assert_eq!(after.status(), OrderStatus::Confirmed, "{after:?}");
+    h.stop().await;
+}
+
+/// Places an order of `key` with `timeout` through a clone of the harness's client.
+fn place_in(
+    h: &Harness,
+    key: &str,
+    timeout: Duration,
+) -> impl std::future::Future<Output = Result<pb::Order, tonic::Status>> + use<> {
+    let mut client = h.checkout.clone();
+    let request = common::with_timeout(order(key, "cart-1"), timeout);
+    async move { client.place_order(request).await.map(|r| r.into_inner()) }
+}
+
+/// The wallet hold's bulkhead is 1: of two orders reaching the hold together, one is held and
+/// the other is declined WALLET_UNAVAILABLE (retryable) without its hold being sent — the
+/// waterfall says `unavailable` with 0 attempts, the wallet never had two holds in flight, and
+/// the only follow-up is the release of its stock: no lookup or release at the wallet.
+#[tokio::test]
+async fn a_full_bulkhead_declines_without_sending_the_hold() {
+    let h = start_with(|c| c.steps.wallet_hold.max_concurrency = 1).await;
+    h.configure("wallet", "Hold", behavior(600, Fault::None))
+        .await;
+    let a = tokio::spawn(place_in(&h, "bulk-a", 3 * SECOND));
+    let b = tokio::spawn(place_in(&h, "bulk-b", 3 * SECOND));
+    let answers = [a.await.unwrap().unwrap(), b.await.unwrap().unwrap()];
+    let confirmed: Vec<_> = answers
+        .iter()
+        .filter(|o| o.status() == OrderStatus::Confirmed)
+        .collect();
+    let refused: Vec<_> = answers
+        .iter()
+        .filter(|o| o.reason == "WALLET_UNAVAILABLE")
+        .collect();
+    assert_eq!((confirmed.len(), refused.len()), (1, 1), "{answers:?}");
+    let refused = refused[0];
+    assert_eq!(refused.status(), OrderStatus::Declined);
+    assert!(refused.retryable, "{refused:?}");
+    let hold = step(refused, "wallet_hold");
+    assert_eq!((hold.outcome.as_str(), hold.attempts), ("unavailable", 0));
+    let holds = h.method("wallet", "Hold").await;
+    assert_eq!((holds.received, holds.max_concurrent), (1, 1), "{holds:?}");
+    // Nothing can have been held, so nothing is looked up or released at the wallet later.
+    h.method_until("inventory", "Release", 10 * SECOND, |m| m.ok >= 1)
+        .await;
+    assert_eq!(h.method("wallet", "LookupByReference").await.received, 0);
+    assert_eq!(h.method("wallet", "Release").await.received, 0);
+    h.stop().await;
+}
+
+/// A wallet that fails every hold opens its breaker after `breaker.min_calls`; from then on
+/// holds are not sent (declined WALLET_UNAVAILABLE, 0 attempts) until the open interval ends
+/// and a probe finds the wallet healthy again, after which orders confirm.
+#[tokio::test]
+async fn an_open_breaker_stops_sending_until_a_probe_succeeds() {
+    let h = start_with(|c| {
+        c.breaker.min_calls = 4;
+        c.breaker.open_interval = Duration::from_millis(500);
+        c.breaker.half_open_probes = 1;
+    })
+    .await;
+    h.configure("wallet", "Hold", behavior(0, Fault::Unavailable))
+        .await;
+    for i in 0..4 {
+        let placed = h
+            .place_ok(order(&format!("sick-{i}"), "cart-1"), 2 * SECOND)
+            .await;
+        assert_eq!(placed.reason, "WALLET_UNAVAILABLE", "{placed:?}");
+        assert_eq!(step(&placed, "wallet_hold").attempts, 1);
+    }
+    let refused = h.place_ok(order("open", "cart-1"), 2 * SECOND).await;
+    assert_eq!(refused.reason, "WALLET_UNAVAILABLE", "{refused:?}");
+    assert!(refused.retryable);
+    let hold = step(&refused, "wallet_hold");
+    assert_eq!((hold.outcome.as_str(), hold.attempts), ("unavailable", 0));
+    assert_eq!(h.method("wallet", "Hold").await.received, 4, "not sent");
+
+    h.configure("wallet", "Hold", behavior(0, Fault::None))
+        .await;
+    let until = Instant::now() + 10 * SECOND;
+    let mut i = 0;
+    loop {
+        i += 1;
+        let placed = h
+            .place_ok(order(&format!("recover-{i}"), "cart-1"), 2 * SECOND)
+            .await;
+        if placed.status() == OrderStatus::Confirmed {
+            break;
+        }
+        assert!(Instant::now() < until, "never confirmed again: {placed:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.stop().await;
+}
+
+/// Fraud answers at once until its latency is learned; then half its calls hang. A hanging
+/// first attempt gets a backup after the learned percentile, the backup answers, and the order
+/// confirms long before fraud's cap: the waterfall reports `attempts: 2, hedged: true`, and the
+/// stub saw the hanging attempt cancelled. Orders go in concurrent batches, so that every
+/// rotation of the latency histogram holds enough answers to hedge by.
+#[tokio::test]
+async fn a_slow_fraud_call_is_hedged_and_the_loser_is_cancelled() {
+    let h = start_with(|c| {
+        c.hedge.min_samples = 5;
+        c.hedge.rotation = SECOND;
+        c.hedge.max_extra_percent = 100.0;
+        c.steps.fraud.cap = Duration::from_millis(1_500);
+        // Half the calls hanging would open fraud's breaker; this test is about hedging.
+        c.breaker.min_calls = 100_000;
+    })
+    .await;
+    h.configure("fraud", "Score", behavior(1, Fault::None))
+        .await;
+    // Learn fraud's latency: at least min_samples answers in a full rotation period.
+    let learned_by = Instant::now() + 2 * SECOND + Duration::from_millis(100);
+    let mut i = 0;
+    while Instant::now() < learned_by {
+        i += 1;
+        h.place_ok(order(&format!("warm-{i}"), "cart-1"), 2 * SECOND)
+            .await;
+    }
+    h.configure(
+        "fraud",
+        "Score",
+        Behavior {
+            fault_probability: Some(0.5),
+            ..behavior(1, Fault::Hang)
+        },
+    )
+    .await;
+    let until = Instant::now() + 30 * SECOND;
+    loop {
+        // Nothing in a batch times out before fraud's 1.5 s cap: a Score cancelled earlier is
+        // the losing attempt of a hedge.
+        let batch_started = Instant::now();
+        let mut batch: FuturesUnordered<_> = (0..20)
+            .map(|_| {
+                i += 1;
+                place_in(&h, &format!("hedge-{i}"), 2 * SECOND)
+            })
+            .collect();
+        while let Some(answer) = batch.next().await {
+            let placed = answer.expect("an order");
+            let fraud = step(&placed, "fraud");
+            if !(fraud.hedged && placed.status() == OrderStatus::Confirmed) {
+                continue;
+            }
+            assert_eq!(fraud.attempts, 2, "{fraud:?}");
+            let took = batch_started.elapsed();
+            assert!(
+                took < Duration::from_millis(1_200),
+                "the backup answered long before fraud's cap: {took:?}"
+            );
+            let cancelled_by = batch_started + Duration::from_millis(1_400);
+            loop {
+                let score = h.method("fraud", "Score").await;
+                if score.cancelled >= 1 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < cancelled_by,
+                    "the losing attempt was never cancelled: {score:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            h.stop().await;
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "no order was hedged to a confirmation"
+        );
+    }
+}
+
+/// Only duplicate-safe steps may hedge: asking the wallet hold to is refused at start with a
+/// message naming the key.
+#[test]
+fn hedging_a_step_that_moves_money_is_refused_by_config_validation() {
+    let mut config = Config::default();
+    config.steps.wallet_hold.hedge = Some(true);
+    let error = config.validate().expect_err("refused").to_string();
+    assert!(error.contains("steps.wallet_hold.hedge"), "{error}");
+    let mut config = Config::default();
+    config.steps.fraud.hedge = Some(false);
+    config.validate().expect("fraud may opt out");
+}
