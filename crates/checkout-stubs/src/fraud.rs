@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::call::{self, Applied};
+use super::applied::Applied;
+use super::call;
 use super::method::Method;
 use super::state::State;
 use checkout_proto::fraud::v1::fraud_service_server::FraudService;

@@ -15,20 +15,28 @@
 //! # Layout
 //! - `method`: the catalogue of stubbed services and methods, in reporting order.
 //! - `behavior`: latency distributions and faults, from `stub.v1.Behavior` or a command line.
-//! - `state`: everything the stubs remember, behind one mutex.
+//! - `carts`, `reservations`, `ledger`: the data of cart, inventory and wallet and its rules
+//!   (the data conventions), answering in `applied`'s terms; they know no service or state.
 //! - `history`: the bounded collections that keep that memory flat.
+//! - `state`: everything the stubs remember (those three, behaviours, counts), behind one mutex.
+//! - `arrival`: the deadline a call carried, read once.
 //! - `call`: the wrapper every stubbed RPC goes through.
-//! - `cart`, `fraud`, `inventory`, `wallet`: the services and their data conventions.
+//! - `cart`, `fraud`, `inventory`, `wallet`: the gRPC services over the state.
 //! - `control`: `stub.v1.StubControl`.
 
+mod applied;
+mod arrival;
 mod behavior;
 mod call;
 mod cart;
+mod carts;
 mod control;
 mod fraud;
 mod history;
 mod inventory;
+mod ledger;
 mod method;
+mod reservations;
 mod state;
 mod wallet;
 

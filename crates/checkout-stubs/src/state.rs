@@ -10,13 +10,14 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use super::StubConfig;
+use super::applied::Applied;
+use super::arrival::Arrival;
 use super::behavior::{Behavior, Draw};
-use super::call::{Applied, Arrival};
-use super::cart::Snapshots;
+use super::carts::Snapshots;
 use super::history::{Ring, Tally};
-use super::inventory::Reservations;
+use super::ledger::Ledger;
 use super::method::{Method, Service};
-use super::wallet::Ledger;
+use super::reservations::Reservations;
 use checkout_proto::stub::v1 as pb;
 
 /// The data the stubbed services read and change.
