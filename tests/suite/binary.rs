@@ -689,3 +689,47 @@ async fn the_binary_turns_transparent_huge_pages_off_unless_told_otherwise() {
     assert_eq!(thp_enabled(pid), "1", "MIMALLOC_ALLOW_THP=1 keeps THP");
     kept.kill().await.unwrap();
 }
+
+/// `checkout loadgen|bare|otlp-sink|scenario …` hand over to the `checkout-bench` binary beside
+/// `checkout`, with the command and every argument unchanged (its exit code is the caller's);
+/// when it is missing, the error names it and how to build it.
+#[test]
+fn measuring_commands_hand_over_to_checkout_bench_beside_the_binary() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("checkout");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_checkout"), &exe).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_checkout"), &exe).unwrap();
+    }
+    let missing = std::process::Command::new(&exe)
+        .args(["scenario", "list"])
+        .env("PATH", dir.path())
+        .output()
+        .unwrap();
+    let error = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success(), "{error}");
+    assert!(
+        error.contains("checkout-bench") && error.contains("cargo build --release"),
+        "{error}"
+    );
+
+    let bench = dir.path().join("checkout-bench");
+    std::fs::write(&bench, "#!/bin/sh\necho \"$@\"\nexit 7\n").unwrap();
+    std::fs::set_permissions(&bench, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (command, args) in [
+        ("loadgen", ["--rate", "5", "--help"]),
+        ("scenario", ["all", "--quick", "-x"]),
+    ] {
+        let handed = std::process::Command::new(&exe)
+            .arg(command)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(handed.status.code(), Some(7), "{handed:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&handed.stdout).trim(),
+            format!("{command} {}", args.join(" "))
+        );
+    }
+}

@@ -13,6 +13,7 @@ mod binary;
 mod checkout;
 mod durability;
 mod edges;
+mod introspection;
 mod overload;
 mod postgres;
 mod store_conformance;
