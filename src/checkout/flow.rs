@@ -35,7 +35,7 @@ use crate::admission::{AdaptiveLimiter, Permit};
 use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
 use crate::config::{Config, FraudOnTimeout};
 use crate::deadline::{Deadline, now_ms};
-use crate::downstream::{CallClass, Downstreams, HoldOutcome};
+use crate::downstream::{CallClass, Downstreams, HoldId, HoldOutcome, HoldRejection};
 use crate::proto::{inventory::v1 as inventory, wallet::v1 as wallet};
 use crate::store::{
     Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
@@ -686,8 +686,13 @@ impl Run<'_> {
         self.done(span, &called, began, &budget);
         match called.outcome {
             Lookup::Found(hold) if hold.state() != wallet::HoldState::Released => {
-                HoldOutcome::Success {
-                    hold_id: hold.hold_id,
+                match HoldId::new(hold.hold_id) {
+                    Ok(hold_id) => HoldOutcome::Success { hold_id },
+                    // A hold the wallet does not name cannot confirm the order: still unknown.
+                    Err(_) => {
+                        tracing::warn!(reference = %hold.reference, "the wallet found a hold under this reference but did not name it: outcome still unknown");
+                        HoldOutcome::Ambiguous
+                    }
                 }
             }
             Lookup::Failed(e) if e.class() == CallClass::Cancelled => HoldOutcome::Cancelled,
@@ -709,7 +714,7 @@ impl Run<'_> {
         }
         match outcome {
             HoldOutcome::Success { hold_id } => Verdict::held(total, hold_id, fraud_review, policy),
-            HoldOutcome::Rejected(reason) if reason == "INSUFFICIENT_FUNDS" => {
+            HoldOutcome::Rejected(HoldRejection::InsufficientFunds) => {
                 declined(Reason::InsufficientFunds)
             }
             HoldOutcome::Rejected(_) => declined(Reason::WalletRejected),

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::Reason;
 use crate::config::RetryAfterPolicy;
+use crate::downstream::HoldId;
 use crate::store::{Decision, JobKind, Money, NewJob, OrderStatus};
 
 /// An outcome and its follow-up jobs.
@@ -19,7 +20,7 @@ pub struct Verdict {
     /// The frozen total, if known.
     pub total: Option<Money>,
     /// The wallet hold id, if known.
-    pub hold_id: Option<String>,
+    pub hold_id: Option<HoldId>,
     /// The fraud verdict is still owed.
     pub fraud_review: bool,
     /// Follow-up jobs and how long after the decision each is due.
@@ -43,7 +44,7 @@ impl Verdict {
     }
 
     /// CONFIRMED: the hold exists; capture it and commit the reservation.
-    pub fn confirmed(total: Option<Money>, hold_id: String, policy: &RetryAfterPolicy) -> Self {
+    pub fn confirmed(total: Option<Money>, hold_id: HoldId, policy: &RetryAfterPolicy) -> Self {
         let mut v = Self::new(None, policy);
         v.total = total;
         v.hold_id = Some(hold_id);
@@ -55,7 +56,7 @@ impl Verdict {
     /// `FRAUD_REVIEW` with a re-score job. Both the request path and the worker decide this way.
     pub fn held(
         total: Money,
-        hold_id: String,
+        hold_id: HoldId,
         fraud_review: bool,
         policy: &RetryAfterPolicy,
     ) -> Self {
@@ -144,7 +145,7 @@ impl Verdict {
                 .retry_after
                 .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
             total: self.total,
-            hold_id: self.hold_id,
+            hold_id: self.hold_id.map(HoldId::into_string),
             fraud_review: self.fraud_review,
             jobs,
             complete,

@@ -22,7 +22,9 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
 
 use crate::checkout::{Reason, frozen_cart, new_order_id};
-use crate::downstream::{CallError, HoldOutcome, HoldTerms, classify_hold, error_reason};
+use crate::downstream::{
+    CallError, HoldOutcome, HoldRejection, HoldTerms, classify_hold, error_reason,
+};
 use crate::proto::cart::v1::{FreezeCartRequest, cart_service_client::CartServiceClient};
 use crate::proto::checkout::v1::{
     self as pb, OrderStatus, checkout_service_server::CheckoutService,
@@ -235,7 +237,7 @@ impl Bare {
             &terms,
         ) {
             HoldOutcome::Success { .. } => None,
-            HoldOutcome::Rejected(reason) if reason == "INSUFFICIENT_FUNDS" => {
+            HoldOutcome::Rejected(HoldRejection::InsufficientFunds) => {
                 Some(Reason::InsufficientFunds)
             }
             HoldOutcome::Rejected(_) => Some(Reason::WalletRejected),

@@ -11,7 +11,7 @@ use crate::budget::{Budgeter, Step};
 use crate::checkout::{Cart, Fraud, Lookup, Reason, StepCalls, Stock, Verdict, millis};
 use crate::config::Config;
 use crate::deadline::{Deadline, now_ms};
-use crate::downstream::{CallClass, CallError, Downstreams, HoldOutcome};
+use crate::downstream::{CallClass, CallError, Downstreams, HoldId, HoldOutcome, HoldRejection};
 use crate::proto::wallet::v1 as wallet;
 use crate::store::{JobKind, Money, OrderRecord, OrderStatus, OrderStore, Phase, TimeLimit};
 
@@ -233,7 +233,7 @@ impl<'a> Attempt<'a> {
                 fraud_review,
                 policy,
             )))),
-            HoldOutcome::Rejected(r) if r == "INSUFFICIENT_FUNDS" => {
+            HoldOutcome::Rejected(HoldRejection::InsufficientFunds) => {
                 Ok(Handled::Done(Some(declined(Reason::InsufficientFunds))))
             }
             HoldOutcome::Rejected(_) => Ok(Handled::Done(Some(declined(Reason::WalletRejected)))),
@@ -255,6 +255,11 @@ impl<'a> Attempt<'a> {
             .total
             .clone()
             .ok_or_else(|| JobError::Permanent("held order has no total".into()))?;
+        let hold_id = order
+            .hold_id
+            .clone()
+            .and_then(|id| HoldId::new(id).ok())
+            .ok_or_else(|| JobError::Permanent("held order has no hold id".into()))?;
         let budget = self.budget(Step::Fraud)?;
         let verdict = match self
             .calls(order)
@@ -262,11 +267,7 @@ impl<'a> Attempt<'a> {
             .await
             .outcome
         {
-            Fraud::Approved => Verdict::confirmed(
-                Some(total),
-                order.hold_id.clone().unwrap_or_default(),
-                policy,
-            ),
+            Fraud::Approved => Verdict::confirmed(Some(total), hold_id, policy),
             Fraud::Denied => Verdict::because(Reason::FraudDenied, policy)
                 .then(JobKind::WalletRelease)
                 .then(JobKind::InventoryRelease),
@@ -308,13 +309,16 @@ impl<'a> Attempt<'a> {
                 )),
                 (OrderStatus::Declined, _) => Ok(Handled::Done(None)),
                 (_, wallet::HoldState::Active | wallet::HoldState::Captured) => {
-                    let total = order.total.clone().unwrap_or(Money {
-                        currency: String::new(),
-                        minor_units: 0,
-                    });
+                    // A hold decides the order only with its id and total, never defaults.
+                    let total = order.total.clone().ok_or_else(|| {
+                        JobError::Permanent("a hold was found for an order without a total".into())
+                    })?;
+                    let hold_id = HoldId::new(hold.hold_id).map_err(|_| {
+                        JobError::Transient("the wallet found the hold but did not name it".into())
+                    })?;
                     Ok(Handled::Done(Some(Verdict::held(
                         total,
-                        hold.hold_id,
+                        hold_id,
                         order.fraud_review,
                         policy,
                     ))))
