@@ -21,10 +21,8 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
 
-use crate::checkout::{Reason, frozen_cart, new_order_id};
-use crate::downstream::{
-    CallError, HoldOutcome, HoldRejection, HoldTerms, classify_hold, error_reason,
-};
+use crate::checkout::{Reason, frozen_cart, new_order_id, reason_for_rejection};
+use crate::downstream::{CallError, HoldOutcome, HoldTerms, classify_hold, error_reason};
 use crate::proto::cart::v1::{FreezeCartRequest, cart_service_client::CartServiceClient};
 use crate::proto::checkout::v1::{
     self as pb, OrderStatus, checkout_service_server::CheckoutService,
@@ -237,10 +235,7 @@ impl Bare {
             &terms,
         ) {
             HoldOutcome::Success { .. } => None,
-            HoldOutcome::Rejected(HoldRejection::InsufficientFunds) => {
-                Some(Reason::InsufficientFunds)
-            }
-            HoldOutcome::Rejected(_) => Some(Reason::WalletRejected),
+            HoldOutcome::Rejected(rejection) => Some(reason_for_rejection(&rejection)),
             // No lookup, no reconciliation: a hold that may have landed is reported as not
             // made. This is the naive answer `serve`'s PENDING WALLET_OUTCOME_UNKNOWN replaces.
             HoldOutcome::Unavailable | HoldOutcome::Ambiguous | HoldOutcome::Cancelled => {
