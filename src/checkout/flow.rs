@@ -6,6 +6,9 @@
 //!           → wallet.Hold (→ one LookupByReference if ambiguous) → record decision + jobs → answer
 //! ```
 //!
+//! What each answer means — the verdict and its follow-up jobs — is decided by the rules of
+//! `decide.rs`, which the worker shares; this file calls the steps and records.
+//!
 //! Each operation runs in its own task under a root [`CancellationToken`] whose drop guard the
 //! gRPC handler holds. When the caller cancels, tonic drops the handler, the token fires, every
 //! in-flight call is dropped (its HTTP/2 stream reset), and the task still records what
@@ -29,18 +32,19 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use super::decide::{Exposure, Rules, Stop, Tried, looked_up};
 use super::steps::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock};
 use super::trace::{StepSpan, store_write};
 use super::{CheckoutError, OrderRequest, Overload, Reason, Verdict};
 use crate::admission::{AdaptiveLimiter, Permit};
 use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
-use crate::config::{Config, FraudOnTimeout};
+use crate::config::Config;
 use crate::deadline::{Deadline, now_ms};
 use crate::downstream::operation_context;
-use crate::downstream::{CallClass, Downstreams, HoldOutcome};
-use crate::proto::{inventory::v1 as inventory, wallet::v1 as wallet};
+use crate::downstream::{Downstreams, HoldOutcome};
+use crate::proto::inventory::v1 as inventory;
 use crate::store::{
-    Begin, JobKind, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
+    Begin, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
 };
 use checkout_telemetry::{self as telemetry, metrics};
 
@@ -442,99 +446,38 @@ struct Run<'a> {
     waterfall: &'a Waterfall,
 }
 
-/// How the fraud branch ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FraudResult {
-    Approved,
-    Denied,
-    NoAnswer,
-    NotSent,
-    Cancelled,
-}
-
-/// How the inventory branch ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum InventoryResult {
-    Reserved,
-    OutOfStock,
-    /// Sent but failed: may have applied unless certainly unavailable.
-    Failed,
-    NotSent,
-    /// We cancelled it while in flight.
-    Cancelled,
-}
-
-impl InventoryResult {
-    /// Whether a reservation may exist and so needs releasing if the order does not complete.
-    fn may_hold_stock(self) -> bool {
-        matches!(self, Self::Reserved | Self::Failed | Self::Cancelled)
-    }
-}
-
 impl Run<'_> {
+    /// Walks the steps and decides through the request path's [`Rules`].
     async fn decide(&self) -> Verdict {
-        let policy = &self.orchestrator.config.retry_after;
-        let (total, items) = match self.freeze_cart().await {
-            Ok(frozen) => frozen,
-            Err(verdict) => return verdict,
-        };
-        if self
-            .order
-            .expected_total
-            .as_ref()
-            .is_some_and(|expected| *expected != total)
-        {
-            return Verdict::because(Reason::PriceChanged, policy).with_total(Some(total));
+        match self.walk().await {
+            Ok(verdict) | Err(Stop::Verdict(verdict)) => verdict,
+            Err(Stop::Unsettled(why)) => {
+                // The request path's rules decide every answer now; were one ever left open,
+                // the worker takes the order over rather than it being dropped.
+                tracing::error!(order_id = %self.order.order_id, ?why, "the request path left an order undecided; the worker will finish it");
+                Verdict::budget_exhausted(&self.orchestrator.config.retry_after)
+            }
         }
+    }
 
-        let (fraud, inventory, intent) = self.fraud_and_inventory(&total, items).await;
-        let stock_job = inventory.may_hold_stock();
-        let declined = |reason| {
-            Verdict::because(reason, policy)
-                .with_total(Some(total.clone()))
-                .then_if(stock_job, JobKind::InventoryRelease)
-        };
-        if self.abandoned.is_cancelled() {
-            return declined(Reason::CallerAbandoned);
-        }
-        if fraud == FraudResult::Denied {
-            return declined(Reason::FraudDenied);
-        }
-        match inventory {
-            InventoryResult::OutOfStock => return declined(Reason::OutOfStock),
-            InventoryResult::NotSent => {
-                return Verdict::budget_exhausted(policy).with_total(Some(total));
-            }
-            InventoryResult::Failed | InventoryResult::Cancelled => {
-                return declined(Reason::InventoryUnavailable);
-            }
-            InventoryResult::Reserved => {}
-        }
-        let fraud_review = match fraud {
-            FraudResult::Approved => false,
-            FraudResult::NotSent => {
-                return Verdict::budget_exhausted(policy).with_total(Some(total));
-            }
-            FraudResult::NoAnswer | FraudResult::Cancelled | FraudResult::Denied => {
-                match self.orchestrator.config.fraud.on_timeout {
-                    FraudOnTimeout::Review => true,
-                    FraudOnTimeout::Decline => {
-                        let mut v = declined(Reason::FraudDenied);
-                        v.retryable = true;
-                        v.retry_after = Some(policy.unavailable);
-                        return v;
-                    }
-                }
-            }
-        };
+    async fn walk(&self) -> Result<Verdict, Stop> {
+        let rules = Rules::request(&self.orchestrator.config);
+        let expected = self.order.expected_total.as_ref();
+        let (total, items) = rules.cart(self.freeze_cart().await, expected, Exposure::NONE)?;
+        let (fraud, stock, intent) = self.fraud_and_inventory(&total, items).await;
+        let fraud_review = rules.checks(fraud, stock, &total, self.abandoned.is_cancelled())?;
         if let Err(error) = intent {
             // Record before effect: without HOLD_SENT on disk the hold is not sent. The worker
             // takes the order over (its takeover time was written with RECEIVED) and finishes it
             // once the store is back.
             tracing::warn!(order_id = %self.order.order_id, %error, "HOLD_SENT not recorded; hold not sent");
-            return Verdict::budget_exhausted(policy).with_total(Some(total));
+            let policy = &self.orchestrator.config.retry_after;
+            return Ok(Verdict::budget_exhausted(policy).with_total(Some(total)));
         }
-        self.hold(total, fraud_review).await
+        let outcome = self.hold(&total).await;
+        rules
+            .hold(outcome, total, fraud_review, self.abandoned.is_cancelled())
+            .map_err(Stop::Unsettled)
     }
 
     /// The budget of `step`, when it started and its span; a step with too little time left is
@@ -573,26 +516,16 @@ impl Run<'_> {
         StepCalls::new(&self.orchestrator.downstreams, self.order)
     }
 
-    /// The frozen total and the items to reserve.
-    async fn freeze_cart(&self) -> Result<(Money, Vec<inventory::Item>), Verdict> {
-        let policy = &self.orchestrator.config.retry_after;
+    /// `cart.FreezeCart`, if the budget allows.
+    async fn freeze_cart(&self) -> Tried<Cart> {
         let Some((began, budget, span)) = self.allot(Step::Cart) else {
-            return Err(Verdict::budget_exhausted(policy));
+            return Tried::NotSent;
         };
         let called = span
             .run(self.calls().freeze_cart(&budget, self.abandoned))
             .await;
         self.done(span, &called, began, &budget);
-        match called.outcome {
-            Cart::Frozen { total, items } => Ok((total, items)),
-            Cart::NotFound => Err(Verdict::because(Reason::CartNotFound, policy)),
-            Cart::Failed(error) if error.class() == CallClass::Cancelled => {
-                Err(Verdict::because(Reason::CallerAbandoned, policy))
-            }
-            Cart::Unusable | Cart::Failed(_) => {
-                Err(Verdict::because(Reason::CartUnavailable, policy))
-            }
-        }
+        Tried::Sent(called.outcome)
     }
 
     /// Fraud and inventory in parallel, with HOLD_SENT written alongside so the write costs no
@@ -601,19 +534,19 @@ impl Run<'_> {
         &self,
         total: &Money,
         items: Vec<inventory::Item>,
-    ) -> (FraudResult, InventoryResult, Result<(), StoreError>) {
+    ) -> (Tried<Fraud>, Tried<Stock>, Result<(), StoreError>) {
         let fraud_cancel = self.abandoned.child_token();
         let inventory_cancel = self.abandoned.child_token();
         let fraud = async {
             let result = self.score(total, &fraud_cancel).await;
-            if result == FraudResult::Denied {
+            if matches!(result, Tried::Sent(Fraud::Denied)) {
                 inventory_cancel.cancel();
             }
             result
         };
         let inventory = async {
             let result = self.reserve(items, &inventory_cancel).await;
-            if result == InventoryResult::OutOfStock {
+            if matches!(result, Tried::Sent(Stock::OutOfStock)) {
                 fraud_cancel.cancel();
             }
             result
@@ -630,102 +563,52 @@ impl Run<'_> {
         tokio::join!(fraud, inventory, intent)
     }
 
-    async fn score(&self, total: &Money, cancel: &CancellationToken) -> FraudResult {
+    async fn score(&self, total: &Money, cancel: &CancellationToken) -> Tried<Fraud> {
         let Some((began, budget, span)) = self.allot(Step::Fraud) else {
-            return FraudResult::NotSent;
+            return Tried::NotSent;
         };
         let called = span.run(self.calls().score(&budget, cancel, total)).await;
         self.done(span, &called, began, &budget);
-        match called.outcome {
-            Fraud::Approved => FraudResult::Approved,
-            Fraud::Denied => FraudResult::Denied,
-            Fraud::Failed(e) if e.class() == CallClass::Cancelled => FraudResult::Cancelled,
-            Fraud::NoVerdict | Fraud::Failed(_) => FraudResult::NoAnswer,
-        }
+        Tried::Sent(called.outcome)
     }
 
     async fn reserve(
         &self,
         items: Vec<inventory::Item>,
         cancel: &CancellationToken,
-    ) -> InventoryResult {
+    ) -> Tried<Stock> {
         let Some((began, budget, span)) = self.allot(Step::Inventory) else {
-            return InventoryResult::NotSent;
+            return Tried::NotSent;
         };
         let called = span.run(self.calls().reserve(&budget, cancel, items)).await;
         self.done(span, &called, began, &budget);
-        match called.outcome {
-            Stock::Reserved => InventoryResult::Reserved,
-            Stock::OutOfStock => InventoryResult::OutOfStock,
-            Stock::Failed(e) if e.class() == CallClass::Cancelled => InventoryResult::Cancelled,
-            // A refused (not sent) reservation cannot hold stock; the release job is harmless.
-            Stock::Failed(_) => InventoryResult::Failed,
-        }
+        Tried::Sent(called.outcome)
     }
 
-    async fn hold(&self, total: Money, fraud_review: bool) -> Verdict {
-        let policy = &self.orchestrator.config.retry_after;
+    /// `wallet.Hold` for `total`, if the budget allows; an ambiguous outcome is followed by
+    /// one lookup by reference.
+    async fn hold(&self, total: &Money) -> Tried<HoldOutcome> {
         let Some((began, budget, span)) = self.allot(Step::WalletHold) else {
-            return Verdict::budget_exhausted(policy).with_total(Some(total));
+            return Tried::NotSent;
         };
         let called = span
-            .run(self.calls().hold(&budget, self.abandoned, &total))
+            .run(self.calls().hold(&budget, self.abandoned, total))
             .await;
         self.done(span, &called, began, &budget);
-        let outcome = match called.outcome {
-            HoldOutcome::Ambiguous => self.lookup().await,
+        Tried::Sent(match called.outcome {
+            HoldOutcome::Ambiguous => looked_up(self.lookup().await),
             other => other,
-        };
-        self.after_hold(outcome, total, fraud_review)
+        })
     }
 
     /// Exactly one lookup by reference after an ambiguous hold, if the budget allows.
-    async fn lookup(&self) -> HoldOutcome {
+    async fn lookup(&self) -> Tried<Lookup> {
         let Some((began, budget, span)) = self.allot(Step::WalletLookup) else {
-            return HoldOutcome::Ambiguous;
+            return Tried::NotSent;
         };
         let called = span.run(self.calls().lookup(&budget, self.abandoned)).await;
         self.done(span, &called, began, &budget);
-        match called.outcome {
-            Lookup::Found(hold) if hold.state() != wallet::HoldState::Released => {
-                HoldOutcome::Success {
-                    hold_id: hold.hold_id,
-                }
-            }
-            Lookup::Failed(e) if e.class() == CallClass::Cancelled => HoldOutcome::Cancelled,
-            // Not found yet, or no answer: the hold may still land. The reconciler will know.
-            _ => HoldOutcome::Ambiguous,
-        }
-    }
-
-    fn after_hold(&self, outcome: HoldOutcome, total: Money, fraud_review: bool) -> Verdict {
-        let policy = &self.orchestrator.config.retry_after;
-        let declined = |reason| {
-            Verdict::because(reason, policy)
-                .with_total(Some(total.clone()))
-                .then(JobKind::InventoryRelease)
-        };
-        if self.abandoned.is_cancelled() || outcome == HoldOutcome::Cancelled {
-            // The caller left before hearing anything: never capture; release whatever may be held.
-            return declined(Reason::CallerAbandoned).then(JobKind::WalletReconcile);
-        }
-        match outcome {
-            HoldOutcome::Success { hold_id } => Verdict::held(total, hold_id, fraud_review, policy),
-            HoldOutcome::Rejected(reason) if reason == "INSUFFICIENT_FUNDS" => {
-                declined(Reason::InsufficientFunds)
-            }
-            HoldOutcome::Rejected(_) => declined(Reason::WalletRejected),
-            HoldOutcome::Unavailable => declined(Reason::WalletUnavailable),
-            HoldOutcome::Ambiguous | HoldOutcome::Cancelled => {
-                // The request path already looked once; the reconciler looks again when the
-                // caller is told to poll.
-                let mut v = Verdict::because(Reason::WalletOutcomeUnknown, policy)
-                    .with_total(Some(total))
-                    .then_after(JobKind::WalletReconcile, policy.pending);
-                v.fraud_review = fraud_review;
-                v
-            }
-        }
+        Tried::Sent(called.outcome)
     }
 }
 

@@ -1,6 +1,8 @@
-//! The checkout service: validating requests, the request-path flow, the outcomes it can reach,
-//! and the gRPC surface that maps them onto `checkout.v1`.
+//! The checkout service: validating requests, the request-path flow, the rules that decide an
+//! order's outcome, the outcomes it can reach, and the gRPC surface that maps them onto
+//! `checkout.v1`.
 
+mod decide;
 mod error;
 mod flow;
 mod reason;
@@ -10,6 +12,9 @@ mod steps;
 mod trace;
 mod verdict;
 
+pub use decide::{
+    Exposure, Next, Path, Rules, Settled, Stop, Tried, Unsettled, looked_up, reason_for_rejection,
+};
 pub use error::{CheckoutError, ERROR_DOMAIN, Overload, X_DEADLINE_EXCEEDED};
 pub use flow::{Orchestrator, Placed, millis};
 pub use reason::Reason;
@@ -19,4 +24,4 @@ pub use request::{
 };
 pub use service::{CheckoutApi, order_to_proto};
 pub use steps::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock, frozen_cart};
-pub use verdict::Verdict;
+pub use verdict::{Held, MissingHold, Verdict};

@@ -1,5 +1,8 @@
 //! What a failed call means: could its effect have happened? (SPEC §5, ADR-0007). The same
-//! rules serve every step; the wallet hold adds the duplicate-reference rule.
+//! rules serve every step; the wallet hold adds the duplicate-reference rule, and its refusals
+//! are parsed here, once, into [`HoldRejection`].
+
+use std::collections::HashMap;
 
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -92,16 +95,16 @@ pub fn error_reason(status: &tonic::Status) -> Option<String> {
     status.get_details_error_info().map(|info| info.reason)
 }
 
-/// How a wallet Hold ended (SPEC §5).
+/// How a wallet Hold ended (see docs/design.md, wallet classification).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HoldOutcome {
-    /// The hold exists (new, or found by its duplicate reference).
+    /// The hold exists (new, or found by its duplicate reference), and the wallet named it.
     Success {
         /// The wallet's hold id.
-        hold_id: String,
+        hold_id: HoldId,
     },
-    /// Refused: the reason code (`INSUFFICIENT_FUNDS`, ...) or the gRPC code name.
-    Rejected(String),
+    /// Refused: nothing was held.
+    Rejected(HoldRejection),
     /// Certainly not applied.
     Unavailable,
     /// May have applied; only the reference can tell.
@@ -109,6 +112,97 @@ pub enum HoldOutcome {
     /// Cancelled by us while in flight (the caller went away).
     Cancelled,
 }
+
+/// A wallet hold id. Never empty: a hold the wallet did not name cannot pass for one, so no
+/// order is confirmed, or its hold recorded, under a blank id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HoldId(String);
+
+/// A hold id that was empty (or only whitespace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a wallet hold id must not be empty")]
+pub struct EmptyHoldId;
+
+impl HoldId {
+    /// `id`, unless it is empty or only whitespace.
+    pub fn new(id: impl Into<String>) -> Result<Self, EmptyHoldId> {
+        let id = id.into();
+        if id.trim().is_empty() {
+            return Err(EmptyHoldId);
+        }
+        Ok(Self(id))
+    }
+
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The id, as the store keeps it.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Display for HoldId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Why the wallet refused a hold. Parsed once, here, from the status's `ErrorInfo` reason (or,
+/// without a known reason, its gRPC code); everything else matches on the variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HoldRejection {
+    /// `INSUFFICIENT_FUNDS`: the balance is short.
+    InsufficientFunds,
+    /// `HOLD_NOT_ACTIVE`: the hold is no longer active.
+    HoldNotActive,
+    /// `HOLD_ALREADY_CAPTURED`: the hold was captured already.
+    AlreadyCaptured,
+    /// `AMOUNT_EXCEEDS_HOLD`: more than the hold covers.
+    AmountExceedsHold,
+    /// `DUPLICATE_REFERENCE` for a hold that is not provably this order's: other terms, or
+    /// terms the wallet did not give.
+    DuplicateReference,
+    /// NOT_FOUND.
+    NotFound,
+    /// PERMISSION_DENIED.
+    PermissionDenied,
+    /// INVALID_ARGUMENT.
+    InvalidArgument,
+    /// Another client-side refusal.
+    Other {
+        /// Its gRPC code.
+        code: Code,
+        /// Its `ErrorInfo` reason, if it carried one.
+        reason: Option<String>,
+    },
+}
+
+impl HoldRejection {
+    /// The rejection a refusing `status` carries.
+    pub fn of(status: &tonic::Status) -> Self {
+        let reason = error_reason(status);
+        match reason.as_deref() {
+            Some("INSUFFICIENT_FUNDS") => return Self::InsufficientFunds,
+            Some("HOLD_NOT_ACTIVE") => return Self::HoldNotActive,
+            Some("HOLD_ALREADY_CAPTURED") => return Self::AlreadyCaptured,
+            Some("AMOUNT_EXCEEDS_HOLD") => return Self::AmountExceedsHold,
+            Some(DUPLICATE_REFERENCE) => return Self::DuplicateReference,
+            _ => {}
+        }
+        match status.code() {
+            Code::NotFound => Self::NotFound,
+            Code::PermissionDenied => Self::PermissionDenied,
+            Code::InvalidArgument => Self::InvalidArgument,
+            code => Self::Other { code, reason },
+        }
+    }
+}
+
+/// The `ErrorInfo` reason of ALREADY_EXISTS for a reference that is already held.
+const DUPLICATE_REFERENCE: &str = "DUPLICATE_REFERENCE";
 
 /// What a Hold asked for: a duplicate reference is a success only for the same terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,65 +228,95 @@ impl HoldTerms {
 
     /// Whether an existing hold's terms, as the wallet's `DUPLICATE_REFERENCE` ErrorInfo
     /// metadata gives them (`account_id`, `currency`, `minor_units`), are these.
-    fn match_existing(&self, metadata: &std::collections::HashMap<String, String>) -> bool {
+    fn match_existing(&self, metadata: &HashMap<String, String>) -> bool {
         metadata.get("account_id") == Some(&self.account_id)
             && metadata.get("currency") == Some(&self.currency)
             && metadata.get("minor_units") == Some(&self.minor_units.to_string())
     }
 }
 
-/// Classifies the result of a wallet Hold sent with `terms` (SPEC §5, §10): a duplicate
-/// reference is a success only when the existing hold has the same account and amount; a
-/// hold with other terms (or terms the wallet did not say) is not this order's, so it is a
-/// rejection — never a false CONFIRMED.
+/// Classifies the result of a wallet Hold sent with `terms` (see docs/design.md, wallet
+/// classification). A success names its hold: an answer that says a hold exists without its id
+/// is Ambiguous, never a success under a blank id. A duplicate reference is a success only
+/// when the existing hold has the same account and amount; a hold with other terms (or terms
+/// the wallet did not say) is not this order's, so it is a rejection — never a false CONFIRMED.
 pub fn classify_hold(
     result: Result<wallet::HoldResponse, CallError>,
     terms: &HoldTerms,
 ) -> HoldOutcome {
     let error = match result {
-        Ok(response) => {
-            return HoldOutcome::Success {
-                hold_id: response.hold.map(|h| h.hold_id).unwrap_or_default(),
-            };
-        }
+        Ok(response) => return placed(response),
         Err(error) => error,
     };
     if let CallError::Status(status) = &error
         && status.code() == Code::AlreadyExists
         && let Some(info) = status.get_details_error_info()
-        && info.reason == "DUPLICATE_REFERENCE"
+        && info.reason == DUPLICATE_REFERENCE
     {
-        let hold_id = info
-            .metadata
-            .get("existing_hold_id")
-            .cloned()
-            .unwrap_or_default();
-        if terms.match_existing(&info.metadata) {
-            return HoldOutcome::Success { hold_id };
-        }
-        tracing::warn!(
-            %hold_id,
-            expected_account = %terms.account_id,
-            expected_currency = %terms.currency,
-            expected_minor_units = terms.minor_units,
-            existing_account = info.metadata.get("account_id").map_or("(not given)", String::as_str),
-            existing_currency = info.metadata.get("currency").map_or("(not given)", String::as_str),
-            existing_minor_units = info.metadata.get("minor_units").map_or("(not given)", String::as_str),
-            "the wallet has a hold under this reference with other terms: rejected"
-        );
-        return HoldOutcome::Rejected("DUPLICATE_REFERENCE".to_owned());
+        return duplicate(&info.metadata, terms);
     }
     match error.class() {
         CallClass::Rejected => HoldOutcome::Rejected(match &error {
-            CallError::Status(status) => {
-                error_reason(status).unwrap_or_else(|| format!("{:?}", status.code()))
-            }
-            _ => String::new(),
+            CallError::Status(status) => HoldRejection::of(status),
+            // `class` says Rejected only of a status; were that to change, an unnamed refusal
+            // still declines as WALLET_REJECTED.
+            _ => HoldRejection::Other {
+                code: Code::Unknown,
+                reason: None,
+            },
         }),
         CallClass::Unavailable => HoldOutcome::Unavailable,
         CallClass::Ambiguous => HoldOutcome::Ambiguous,
         CallClass::Cancelled => HoldOutcome::Cancelled,
     }
+}
+
+/// The wallet answered OK. The hold is placed, but only an answer that names it is a
+/// success; without its id the effect exists and cannot be recorded, which is what Ambiguous
+/// means: the lookup by reference (on the request path, else the reconciler's) finds the hold
+/// and its id.
+fn placed(response: wallet::HoldResponse) -> HoldOutcome {
+    match response.hold.map(|hold| HoldId::new(hold.hold_id)) {
+        Some(Ok(hold_id)) => HoldOutcome::Success { hold_id },
+        Some(Err(EmptyHoldId)) | None => {
+            tracing::warn!("the wallet placed a hold but did not name it: outcome ambiguous");
+            HoldOutcome::Ambiguous
+        }
+    }
+}
+
+/// ALREADY_EXISTS `DUPLICATE_REFERENCE`: a hold exists under this order's reference, with the
+/// terms and id in `metadata`.
+fn duplicate(metadata: &HashMap<String, String>, terms: &HoldTerms) -> HoldOutcome {
+    let hold_id = metadata.get("existing_hold_id").map(HoldId::new);
+    if terms.match_existing(metadata) {
+        return match hold_id {
+            Some(Ok(hold_id)) => HoldOutcome::Success { hold_id },
+            // The terms say the hold is this order's, but a success must name its hold and the
+            // wallet did not. Rejected would decline an order whose money is held and leave the
+            // hold behind; Success would confirm under a blank id. Ambiguous is what is known —
+            // the hold may be ours — and sends the lookup by reference (then the reconciler) to
+            // find it with its id: CONFIRMED only with that id in hand.
+            Some(Err(EmptyHoldId)) | None => {
+                tracing::warn!(
+                    "the wallet has a hold under this reference with this order's terms but did not name it: outcome ambiguous"
+                );
+                HoldOutcome::Ambiguous
+            }
+        };
+    }
+    let named = |key: &str| metadata.get(key).map_or("(not given)", String::as_str);
+    tracing::warn!(
+        hold_id = named("existing_hold_id"),
+        expected_account = %terms.account_id,
+        expected_currency = %terms.currency,
+        expected_minor_units = terms.minor_units,
+        existing_account = named("account_id"),
+        existing_currency = named("currency"),
+        existing_minor_units = named("minor_units"),
+        "the wallet has a hold under this reference with other terms: rejected"
+    );
+    HoldOutcome::Rejected(HoldRejection::DuplicateReference)
 }
 
 #[cfg(test)]
@@ -212,21 +336,35 @@ mod tests {
         super::classify_hold(result, &terms())
     }
 
-    fn duplicate(account: &str, currency: &str, minor_units: &str) -> CallError {
+    fn success(hold_id: &str) -> HoldOutcome {
+        HoldOutcome::Success {
+            hold_id: HoldId::new(hold_id).expect("a test hold id is not empty"),
+        }
+    }
+
+    /// ALREADY_EXISTS `DUPLICATE_REFERENCE` with `metadata`.
+    fn duplicate_with(metadata: &[(&str, &str)]) -> CallError {
         CallError::Status(tonic::Status::with_error_details(
             Code::AlreadyExists,
             "x",
             ErrorDetails::with_error_info(
                 "DUPLICATE_REFERENCE",
                 "wallet.v1",
-                [
-                    ("existing_hold_id".to_owned(), "hold-7".to_owned()),
-                    ("account_id".to_owned(), account.to_owned()),
-                    ("currency".to_owned(), currency.to_owned()),
-                    ("minor_units".to_owned(), minor_units.to_owned()),
-                ],
+                metadata
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect::<HashMap<_, _>>(),
             ),
         ))
+    }
+
+    fn duplicate(account: &str, currency: &str, minor_units: &str) -> CallError {
+        duplicate_with(&[
+            ("existing_hold_id", "hold-7"),
+            ("account_id", account),
+            ("currency", currency),
+            ("minor_units", minor_units),
+        ])
     }
 
     fn status(code: Code, reason: Option<&str>) -> CallError {
@@ -245,13 +383,21 @@ mod tests {
         CallError::Status(status)
     }
 
+    fn ok_with(hold: Option<&str>) -> Result<wallet::HoldResponse, CallError> {
+        Ok(wallet::HoldResponse {
+            hold: hold.map(|hold_id| wallet::HoldRecord {
+                hold_id: hold_id.to_owned(),
+                ..wallet::HoldRecord::default()
+            }),
+        })
+    }
+
+    /// A duplicate reference is this order's hold only when the wallet's terms are the order's.
     #[test]
     fn a_duplicate_reference_is_success_only_for_the_same_account_and_amount() {
         assert_eq!(
             classify_hold(Err(duplicate("a1", "USD", "1234"))),
-            HoldOutcome::Success {
-                hold_id: "hold-7".into()
-            }
+            success("hold-7")
         );
         for (account, currency, amount) in [
             ("a2", "USD", "1234"),
@@ -260,7 +406,7 @@ mod tests {
         ] {
             assert_eq!(
                 classify_hold(Err(duplicate(account, currency, amount))),
-                HoldOutcome::Rejected("DUPLICATE_REFERENCE".into()),
+                HoldOutcome::Rejected(HoldRejection::DuplicateReference),
                 "{account} {currency} {amount}"
             );
         }
@@ -270,36 +416,72 @@ mod tests {
                 Code::AlreadyExists,
                 Some("DUPLICATE_REFERENCE")
             ))),
-            HoldOutcome::Rejected("DUPLICATE_REFERENCE".into())
+            HoldOutcome::Rejected(HoldRejection::DuplicateReference)
         );
     }
 
+    /// A duplicate reference with this order's terms but no (or a blank) `existing_hold_id` is
+    /// ambiguous — looked up by reference — never a success under a blank id.
+    #[test]
+    fn a_duplicate_reference_without_the_existing_hold_id_is_ambiguous() {
+        let ours = [
+            ("account_id", "a1"),
+            ("currency", "USD"),
+            ("minor_units", "1234"),
+        ];
+        assert_eq!(
+            classify_hold(Err(duplicate_with(&ours))),
+            HoldOutcome::Ambiguous
+        );
+        for blank in ["", "  "] {
+            let mut metadata = ours.to_vec();
+            metadata.push(("existing_hold_id", blank));
+            assert_eq!(
+                classify_hold(Err(duplicate_with(&metadata))),
+                HoldOutcome::Ambiguous,
+                "existing_hold_id {blank:?}"
+            );
+        }
+        // Without this order's terms it stays a rejection, id or not.
+        assert_eq!(
+            classify_hold(Err(duplicate_with(&[("account_id", "a2")]))),
+            HoldOutcome::Rejected(HoldRejection::DuplicateReference)
+        );
+    }
+
+    /// An OK that does not name its hold is ambiguous: the hold exists, its id is unknown.
+    #[test]
+    fn an_ok_without_a_hold_id_is_ambiguous() {
+        assert_eq!(classify_hold(ok_with(Some("hold-1"))), success("hold-1"));
+        assert_eq!(classify_hold(ok_with(Some(""))), HoldOutcome::Ambiguous);
+        assert_eq!(classify_hold(ok_with(None)), HoldOutcome::Ambiguous);
+    }
+
+    /// Every row of the wallet classification table.
     #[test]
     fn the_wallet_table_of_spec_section_5() {
         assert_eq!(
             classify_hold(Err(duplicate("a1", "USD", "1234"))),
-            HoldOutcome::Success {
-                hold_id: "hold-7".into()
-            }
+            success("hold-7")
         );
         assert_eq!(
             classify_hold(Err(status(
                 Code::FailedPrecondition,
                 Some("INSUFFICIENT_FUNDS")
             ))),
-            HoldOutcome::Rejected("INSUFFICIENT_FUNDS".into())
+            HoldOutcome::Rejected(HoldRejection::InsufficientFunds)
         );
         assert_eq!(
             classify_hold(Err(status(Code::NotFound, None))),
-            HoldOutcome::Rejected("NotFound".into())
+            HoldOutcome::Rejected(HoldRejection::NotFound)
         );
         assert_eq!(
             classify_hold(Err(status(Code::PermissionDenied, None))),
-            HoldOutcome::Rejected("PermissionDenied".into())
+            HoldOutcome::Rejected(HoldRejection::PermissionDenied)
         );
         assert_eq!(
             classify_hold(Err(status(Code::InvalidArgument, None))),
-            HoldOutcome::Rejected("InvalidArgument".into())
+            HoldOutcome::Rejected(HoldRejection::InvalidArgument)
         );
         assert_eq!(
             classify_hold(Err(status(Code::Unavailable, None))),
@@ -334,6 +516,81 @@ mod tests {
         );
     }
 
+    /// Each refusal the wallet names parses to its own variant; other client-side codes keep
+    /// their code and reason.
+    #[test]
+    fn each_wallet_refusal_parses_to_its_variant() {
+        use HoldRejection as R;
+        let cases = [
+            (
+                Code::FailedPrecondition,
+                Some("INSUFFICIENT_FUNDS"),
+                R::InsufficientFunds,
+            ),
+            (
+                Code::FailedPrecondition,
+                Some("HOLD_NOT_ACTIVE"),
+                R::HoldNotActive,
+            ),
+            (
+                Code::FailedPrecondition,
+                Some("HOLD_ALREADY_CAPTURED"),
+                R::AlreadyCaptured,
+            ),
+            (
+                Code::FailedPrecondition,
+                Some("AMOUNT_EXCEEDS_HOLD"),
+                R::AmountExceedsHold,
+            ),
+            (Code::NotFound, None, R::NotFound),
+            (Code::PermissionDenied, None, R::PermissionDenied),
+            (Code::InvalidArgument, None, R::InvalidArgument),
+            (
+                Code::FailedPrecondition,
+                Some("ACCOUNT_FROZEN"),
+                R::Other {
+                    code: Code::FailedPrecondition,
+                    reason: Some("ACCOUNT_FROZEN".into()),
+                },
+            ),
+            (
+                Code::OutOfRange,
+                None,
+                R::Other {
+                    code: Code::OutOfRange,
+                    reason: None,
+                },
+            ),
+            (
+                Code::Unauthenticated,
+                None,
+                R::Other {
+                    code: Code::Unauthenticated,
+                    reason: None,
+                },
+            ),
+        ];
+        for (code, reason, expected) in cases {
+            assert_eq!(
+                classify_hold(Err(status(code, reason))),
+                HoldOutcome::Rejected(expected),
+                "{code:?} {reason:?}"
+            );
+        }
+    }
+
+    /// A hold id cannot be empty or blank.
+    #[test]
+    fn a_hold_id_cannot_be_empty() {
+        assert_eq!(HoldId::new(""), Err(EmptyHoldId));
+        assert_eq!(HoldId::new(" \t"), Err(EmptyHoldId));
+        let id = HoldId::new("hold-1").expect("not empty");
+        assert_eq!(id.as_str(), "hold-1");
+        assert_eq!(id.to_string(), "hold-1");
+        assert_eq!(id.into_string(), "hold-1");
+    }
+
+    /// A refused connection is certainly not applied; a reset after sending may have been.
     #[test]
     fn a_connect_failure_is_unavailable_but_a_reset_after_send_is_ambiguous() {
         let refused = tonic::Status::from_error(Box::new(tonic::ConnectError(Box::new(

@@ -19,7 +19,10 @@ use tonic::transport::{Channel, Endpoint};
 pub use breaker::{Breaker, BreakerPolicy, BreakerState};
 pub use bulkhead::{Bulkhead, validate_max_concurrency};
 pub use call::{CallError, Guards, Refusal, Rpc};
-pub use classify::{CallClass, HoldOutcome, HoldTerms, classify_hold, error_reason};
+pub use classify::{
+    CallClass, EmptyHoldId, HoldId, HoldOutcome, HoldRejection, HoldTerms, classify_hold,
+    error_reason,
+};
 pub use hedge::{Attempt, HedgePolicy, Hedger};
 pub use trace::{
     AttemptKind, AttemptSpan, as_attempt, attempt_refused, cancel_reason, operation_context,

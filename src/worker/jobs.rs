@@ -8,10 +8,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 use crate::budget::{Budgeter, Step};
-use crate::checkout::{Cart, Fraud, Lookup, Reason, StepCalls, Stock, Verdict, millis};
+use crate::checkout::{
+    Exposure, Held, Lookup, Reason, Rules, StepCalls, Stop, Tried, Unsettled, Verdict, millis,
+};
 use crate::config::Config;
 use crate::deadline::{Deadline, now_ms};
-use crate::downstream::{CallClass, CallError, Downstreams, HoldOutcome};
+use crate::downstream::{CallClass, CallError, Downstreams, HoldId};
 use crate::proto::wallet::v1 as wallet;
 use crate::store::{JobKind, Money, OrderRecord, OrderStatus, OrderStore, Phase, TimeLimit};
 
@@ -59,13 +61,46 @@ impl JobError {
     }
 
     fn call(what: &str, error: &CallError) -> Self {
-        match error.class() {
+        Self::of_class(error.class(), format!("{what}: {error}"))
+    }
+
+    /// A failed call of `class`, described by `what`.
+    fn of_class(class: CallClass, what: String) -> Self {
+        match class {
             CallClass::Cancelled => Self::Stopping,
-            CallClass::Rejected => Self::Rejected(format!("{what}: {error}")),
-            CallClass::Unavailable | CallClass::Ambiguous => {
-                Self::Transient(format!("{what}: {error}"))
-            }
+            CallClass::Rejected => Self::Rejected(what),
+            CallClass::Unavailable | CallClass::Ambiguous => Self::Transient(what),
         }
+    }
+}
+
+impl From<Unsettled> for JobError {
+    fn from(unsettled: Unsettled) -> Self {
+        match unsettled {
+            Unsettled::Failed { class, what } => Self::of_class(class, what),
+            Unsettled::Unknown(why) => Self::Transient(why.to_owned()),
+        }
+    }
+}
+
+/// Why a drive stops before its hold: the order is decided, or the attempt failed.
+enum Halt {
+    Decided(Verdict),
+    Failed(JobError),
+}
+
+impl From<Stop> for Halt {
+    fn from(stop: Stop) -> Self {
+        match stop {
+            Stop::Verdict(verdict) => Self::Decided(verdict),
+            Stop::Unsettled(unsettled) => Self::Failed(unsettled.into()),
+        }
+    }
+}
+
+impl From<JobError> for Halt {
+    fn from(error: JobError) -> Self {
+        Self::Failed(error)
     }
 }
 
@@ -132,66 +167,35 @@ impl<'a> Attempt<'a> {
         if order.status.is_terminal() || owned_elsewhere {
             return Ok(Handled::Done(None));
         }
-        let policy = &self.config.retry_after;
-        let hold_may_exist = order.phase == Phase::HoldSent || order.hold_sent_at_ms.is_some();
-        let o = &order.order;
-
-        let calls = self.calls(order);
-        let budget = self.budget(Step::Cart)?;
-        let declined = |reason, total: Option<Money>| {
-            Verdict::because(reason, policy)
-                .with_total(total)
-                .then(JobKind::InventoryRelease)
-                .then_if(hold_may_exist, JobKind::WalletRelease)
-        };
-        let (total, items) = match calls.freeze_cart(&budget, self.stop).await.outcome {
-            Cart::Frozen { total, items } => (total, items),
-            Cart::Unusable => {
-                return Err(JobError::Transient("cart answered without a total".into()));
-            }
-            Cart::NotFound => {
-                return Ok(Handled::Done(Some(declined(Reason::CartNotFound, None))));
-            }
-            Cart::Failed(e) => return Err(JobError::call("cart", &e)),
-        };
-        if o.expected_total
-            .as_ref()
-            .is_some_and(|expected| *expected != total)
-        {
-            return Ok(Handled::Done(Some(declined(
-                Reason::PriceChanged,
-                Some(total),
-            ))));
+        match self.drive_steps(order).await {
+            Ok(verdict) | Err(Halt::Decided(verdict)) => Ok(Handled::Done(Some(verdict))),
+            Err(Halt::Failed(error)) => Err(error),
         }
+    }
+
+    /// The steps of [`Attempt::drive`], decided by the worker's [`Rules`].
+    async fn drive_steps(&self, order: &OrderRecord) -> Result<Verdict, Halt> {
+        let rules = Rules::worker(self.config);
+        // An earlier attempt may have reserved stock, and — once HOLD_SENT was recorded —
+        // placed the hold: a decline releases both.
+        let exposure = Exposure {
+            stock: true,
+            hold: order.phase == Phase::HoldSent || order.hold_sent_at_ms.is_some(),
+        };
+        let o = &order.order;
+        let calls = self.calls(order);
+
+        let budget = self.budget(Step::Cart)?;
+        let cart = calls.freeze_cart(&budget, self.stop).await.outcome;
+        let (total, items) = rules.cart(Tried::Sent(cart), o.expected_total.as_ref(), exposure)?;
 
         let budget = self.budget(Step::Fraud)?;
-        match calls.score(&budget, self.stop, &total).await.outcome {
-            Fraud::Denied => {
-                return Ok(Handled::Done(Some(declined(
-                    Reason::FraudDenied,
-                    Some(total),
-                ))));
-            }
-            Fraud::Approved => {}
-            Fraud::NoVerdict => {
-                return Err(JobError::Transient(
-                    "fraud answered without a verdict".into(),
-                ));
-            }
-            Fraud::Failed(e) => return Err(JobError::call("fraud", &e)),
-        }
+        let fraud = calls.score(&budget, self.stop, &total).await.outcome;
+        let fraud_review = rules.fraud(Tried::Sent(fraud), &total, exposure)?;
 
         let budget = self.budget(Step::Inventory)?;
-        match calls.reserve(&budget, self.stop, items).await.outcome {
-            Stock::Reserved => {}
-            Stock::OutOfStock => {
-                let v = Verdict::because(Reason::OutOfStock, policy)
-                    .with_total(Some(total))
-                    .then_if(hold_may_exist, JobKind::WalletRelease);
-                return Ok(Handled::Done(Some(v)));
-            }
-            Stock::Failed(e) => return Err(JobError::call("inventory", &e)),
-        }
+        let stock = calls.reserve(&budget, self.stop, items).await.outcome;
+        rules.inventory(Tried::Sent(stock), &total, exposure)?;
 
         if order.phase == Phase::Received {
             self.store
@@ -204,7 +208,7 @@ impl<'a> Attempt<'a> {
                 .await
                 .map_err(|e| JobError::Transient(format!("recording HOLD_SENT: {e}")))?;
         }
-        self.hold(order, total, false).await
+        Ok(self.hold(order, total, fraud_review).await?)
     }
 
     /// Sends the hold (again: the reference makes a repeat safe) and decides from its outcome.
@@ -213,36 +217,16 @@ impl<'a> Attempt<'a> {
         order: &OrderRecord,
         total: Money,
         fraud_review: bool,
-    ) -> Result<Handled, JobError> {
-        let policy = &self.config.retry_after;
+    ) -> Result<Verdict, JobError> {
         let budget = self.budget(Step::WalletHold)?;
         let outcome = self
             .calls(order)
             .hold(&budget, self.stop, &total)
             .await
             .outcome;
-        let declined = |reason| {
-            Verdict::because(reason, policy)
-                .with_total(Some(total.clone()))
-                .then(JobKind::InventoryRelease)
-        };
-        match outcome {
-            HoldOutcome::Success { hold_id } => Ok(Handled::Done(Some(Verdict::held(
-                total,
-                hold_id,
-                fraud_review,
-                policy,
-            )))),
-            HoldOutcome::Rejected(r) if r == "INSUFFICIENT_FUNDS" => {
-                Ok(Handled::Done(Some(declined(Reason::InsufficientFunds))))
-            }
-            HoldOutcome::Rejected(_) => Ok(Handled::Done(Some(declined(Reason::WalletRejected)))),
-            HoldOutcome::Unavailable => Err(JobError::Transient("wallet unavailable".into())),
-            HoldOutcome::Ambiguous => {
-                Err(JobError::Transient("wallet hold outcome unknown".into()))
-            }
-            HoldOutcome::Cancelled => Err(JobError::Stopping),
-        }
+        let verdict =
+            Rules::worker(self.config).hold(Tried::Sent(outcome), total, fraud_review, false)?;
+        Ok(verdict)
     }
 
     /// FRAUD_REVIEW: the hold exists; fraud decides between capture and release.
@@ -250,33 +234,14 @@ impl<'a> Attempt<'a> {
         if order.status != OrderStatus::Pending || !order.fraud_review {
             return Ok(Handled::Done(None));
         }
-        let policy = &self.config.retry_after;
-        let total = order
-            .total
-            .clone()
-            .ok_or_else(|| JobError::Permanent("held order has no total".into()))?;
+        let held = Held::recorded(order).map_err(|e| JobError::Permanent(e.to_string()))?;
         let budget = self.budget(Step::Fraud)?;
-        let verdict = match self
+        let fraud = self
             .calls(order)
-            .score(&budget, self.stop, &total)
+            .score(&budget, self.stop, &held.total)
             .await
-            .outcome
-        {
-            Fraud::Approved => Verdict::confirmed(
-                Some(total),
-                order.hold_id.clone().unwrap_or_default(),
-                policy,
-            ),
-            Fraud::Denied => Verdict::because(Reason::FraudDenied, policy)
-                .then(JobKind::WalletRelease)
-                .then(JobKind::InventoryRelease),
-            Fraud::NoVerdict => {
-                return Err(JobError::Transient(
-                    "fraud answered without a verdict".into(),
-                ));
-            }
-            Fraud::Failed(e) => return Err(JobError::call("fraud", &e)),
-        };
+            .outcome;
+        let verdict = Rules::worker(self.config).rescored(fraud, held)?;
         Ok(Handled::Done(Some(verdict)))
     }
 
@@ -308,13 +273,16 @@ impl<'a> Attempt<'a> {
                 )),
                 (OrderStatus::Declined, _) => Ok(Handled::Done(None)),
                 (_, wallet::HoldState::Active | wallet::HoldState::Captured) => {
-                    let total = order.total.clone().unwrap_or(Money {
-                        currency: String::new(),
-                        minor_units: 0,
-                    });
+                    // A hold decides the order only with its id and total, never defaults.
+                    let total = order.total.clone().ok_or_else(|| {
+                        JobError::Permanent("a hold was found for an order without a total".into())
+                    })?;
+                    let hold_id = HoldId::new(hold.hold_id).map_err(|_| {
+                        JobError::Transient("the wallet found the hold but did not name it".into())
+                    })?;
+                    let held = Held { hold_id, total };
                     Ok(Handled::Done(Some(Verdict::held(
-                        total,
-                        hold.hold_id,
+                        held,
                         order.fraud_review,
                         policy,
                     ))))
@@ -336,7 +304,8 @@ impl<'a> Attempt<'a> {
                 let total = order.total.clone().ok_or_else(|| {
                     JobError::Permanent("unknown hold outcome without a total".into())
                 })?;
-                self.hold(order, total, order.fraud_review).await
+                let verdict = self.hold(order, total, order.fraud_review).await?;
+                Ok(Handled::Done(Some(verdict)))
             }
             Lookup::Failed(e) => Err(JobError::call("wallet lookup", &e)),
         }

@@ -773,3 +773,127 @@ async fn sequential_orders_are_not_held_back_by_delayed_acks() {
     );
     h.stop().await;
 }
+
+/// The orchestrator in front of a scripted wallet (the other services are the stubs), with a
+/// short settle window so the reconciler looks again soon.
+async fn with_scripted_wallet(
+    hold: wallet::HoldAnswer,
+    lookup: wallet::LookupAnswer,
+) -> (Harness, wallet::ScriptedWallet) {
+    let scripted = wallet::ScriptedWallet::start(hold, lookup).await;
+    let uri = scripted.uri();
+    let h = start_with(move |c| {
+        c.downstream.wallet = uri;
+        c.worker.settle_window = Duration::from_millis(100);
+    })
+    .await;
+    (h, scripted)
+}
+
+/// Once the worker has gone back to the wallet (`done` holds), the order is still PENDING and
+/// nothing was captured.
+async fn still_pending_after(
+    h: &Harness,
+    scripted: &wallet::ScriptedWallet,
+    order_id: &str,
+    done: impl Fn(&wallet::ScriptedWallet) -> bool,
+) {
+    poll_until(
+        "the reconciler's next look",
+        10 * SECOND,
+        Duration::from_millis(50),
+        || async { (scripted.holds(), scripted.lookups()) },
+        |_| done(scripted),
+    )
+    .await;
+    let order = h.get(order_id).await;
+    assert_eq!(status(&order), OrderStatus::Pending, "{order:?}");
+    assert_eq!(order.reason, "WALLET_OUTCOME_UNKNOWN");
+    assert_eq!(scripted.captures(), 0, "nothing is captured");
+}
+
+/// A wallet answering DUPLICATE_REFERENCE with this order's terms but no `existing_hold_id`,
+/// whose lookup finds nothing: the order is PENDING `WALLET_OUTCOME_UNKNOWN` after exactly
+/// one lookup — never CONFIRMED under a blank hold id — and the reconciler, re-sending the
+/// hold, does not confirm it either.
+#[tokio::test]
+async fn a_duplicate_reference_that_does_not_name_the_hold_is_never_confirmed() {
+    let (h, scripted) = with_scripted_wallet(
+        wallet::HoldAnswer::DuplicateWithoutId,
+        wallet::LookupAnswer::NotFound,
+    )
+    .await;
+    let order = h
+        .place_ok(order("dup-no-id", "cart-1234"), 2 * SECOND)
+        .await;
+    assert_eq!(status(&order), OrderStatus::Pending, "{order:?}");
+    assert_eq!(order.reason, "WALLET_OUTCOME_UNKNOWN");
+    assert_eq!((scripted.holds(), scripted.lookups()), (1, 1));
+    still_pending_after(&h, &scripted, &order.order_id, |w| w.holds() >= 2).await;
+    let stored = h.store.get(&order.order_id).await.unwrap().unwrap();
+    assert_eq!(stored.hold_id, None, "no hold id is recorded");
+    h.stop().await;
+}
+
+/// The same unnamed duplicate, but the lookup by reference finds the hold with its id: the
+/// order is CONFIRMED with the id the wallet gave, and captured.
+#[tokio::test]
+async fn a_duplicate_reference_that_does_not_name_the_hold_confirms_with_the_id_looked_up() {
+    let (h, scripted) = with_scripted_wallet(
+        wallet::HoldAnswer::DuplicateWithoutId,
+        wallet::LookupAnswer::Found("hold-looked-up"),
+    )
+    .await;
+    let order = h
+        .place_ok(order("dup-looked-up", "cart-1234"), 2 * SECOND)
+        .await;
+    assert_eq!(status(&order), OrderStatus::Confirmed, "{order:?}");
+    assert_eq!(scripted.lookups(), 1);
+    let stored = h.store.get(&order.order_id).await.unwrap().unwrap();
+    assert_eq!(stored.hold_id.as_deref(), Some("hold-looked-up"));
+    poll_until(
+        "the capture",
+        5 * SECOND,
+        Duration::from_millis(50),
+        || async { scripted.captures() },
+        |captures| *captures >= 1,
+    )
+    .await;
+    h.stop().await;
+}
+
+/// A wallet answering OK without naming the hold: the request path looks the hold up, and
+/// with nothing found the order is PENDING `WALLET_OUTCOME_UNKNOWN`, not CONFIRMED.
+#[tokio::test]
+async fn a_hold_placed_without_a_hold_id_is_looked_up_rather_than_confirmed() {
+    let (h, scripted) = with_scripted_wallet(
+        wallet::HoldAnswer::OkWithoutId,
+        wallet::LookupAnswer::NotFound,
+    )
+    .await;
+    let order = h.place_ok(order("ok-no-id", "cart-1234"), 2 * SECOND).await;
+    assert_eq!(status(&order), OrderStatus::Pending, "{order:?}");
+    assert_eq!(order.reason, "WALLET_OUTCOME_UNKNOWN");
+    assert_eq!((scripted.holds(), scripted.lookups()), (1, 1));
+    assert_eq!(scripted.captures(), 0);
+    h.stop().await;
+}
+
+/// An ambiguous hold whose lookup finds a hold the wallet does not name: PENDING
+/// `WALLET_OUTCOME_UNKNOWN`, and the reconciler's own lookups do not confirm it either.
+#[tokio::test]
+async fn a_lookup_that_finds_an_unnamed_hold_leaves_the_order_pending() {
+    let (h, scripted) = with_scripted_wallet(
+        wallet::HoldAnswer::Internal,
+        wallet::LookupAnswer::Found(""),
+    )
+    .await;
+    let order = h
+        .place_ok(order("lookup-no-id", "cart-1234"), 2 * SECOND)
+        .await;
+    assert_eq!(status(&order), OrderStatus::Pending, "{order:?}");
+    assert_eq!(order.reason, "WALLET_OUTCOME_UNKNOWN");
+    assert_eq!(scripted.lookups(), 1);
+    still_pending_after(&h, &scripted, &order.order_id, |w| w.lookups() >= 3).await;
+    h.stop().await;
+}

@@ -6,8 +6,9 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use checkout::checkout::{OrderRequest, Reason, Verdict};
+use checkout::checkout::{Held, OrderRequest, Reason, Verdict};
 use checkout::config::Config;
+use checkout::downstream::HoldId;
 use checkout::proto::checkout::v1::{
     self as pb, OrderStatus, operator_service_client::OperatorServiceClient,
 };
@@ -93,8 +94,11 @@ async fn orders_left_in_every_phase_by_a_crash_are_finished_after_restart() {
             .unwrap();
     }
     let policy = Config::default().retry_after;
-    let confirmed = Verdict::confirmed(Some(total.clone()), "hold-x".into(), &policy)
-        .into_decision(&id("decided"), now);
+    let held = Held {
+        hold_id: HoldId::new("hold-x").unwrap(),
+        total: total.clone(),
+    };
+    let confirmed = Verdict::confirmed(held, &policy).into_decision(&id("decided"), now);
     store.decide(&confirmed, LIMIT).await.unwrap();
     let abandoned = Verdict::because(Reason::CallerAbandoned, &policy)
         .then(JobKind::WalletReconcile)

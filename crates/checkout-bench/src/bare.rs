@@ -21,7 +21,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
 
-use checkout::checkout::{Reason, frozen_cart, new_order_id};
+use checkout::checkout::{Reason, frozen_cart, new_order_id, reason_for_rejection};
 use checkout::downstream::{CallError, HoldOutcome, HoldTerms, classify_hold, error_reason};
 use checkout::store;
 use checkout_proto::cart::v1::{FreezeCartRequest, cart_service_client::CartServiceClient};
@@ -240,10 +240,7 @@ impl Bare {
             &terms,
         ) {
             HoldOutcome::Success { .. } => None,
-            HoldOutcome::Rejected(reason) if reason == "INSUFFICIENT_FUNDS" => {
-                Some(Reason::InsufficientFunds)
-            }
-            HoldOutcome::Rejected(_) => Some(Reason::WalletRejected),
+            HoldOutcome::Rejected(rejection) => Some(reason_for_rejection(&rejection)),
             // No lookup, no reconciliation: a hold that may have landed is reported as not
             // made. This is the naive answer `serve`'s PENDING WALLET_OUTCOME_UNKNOWN replaces.
             HoldOutcome::Unavailable | HoldOutcome::Ambiguous | HoldOutcome::Cancelled => {
