@@ -7,7 +7,8 @@ mod ingest;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use ingest::{
-    GRPC_TIMEOUT, IngestError, REQUEST_DEADLINE_MS, X_REQUEST_DEADLINE, ingest, ingest_at,
+    GRPC_TIMEOUT, IngestError, REQUEST_DEADLINE_MS, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+    X_REQUEST_DEADLINE, ingest, ingest_at,
 };
 
 /// Which inbound source set the deadline.
@@ -19,6 +20,8 @@ pub enum DeadlineSource {
     XRequestDeadline,
     /// `request-deadline-ms`: relative milliseconds, ADR-0007 clamp.
     RequestDeadlineMs,
+    /// `x-envoy-expected-rq-timeout-ms`: relative milliseconds, set by an Envoy in front.
+    EnvoyExpectedRqTimeout,
     /// None was sent: `server_budget_max`.
     Default,
 }
@@ -30,6 +33,7 @@ impl DeadlineSource {
             Self::GrpcTimeout => "grpc-timeout",
             Self::XRequestDeadline => "x-request-deadline",
             Self::RequestDeadlineMs => "request-deadline-ms",
+            Self::EnvoyExpectedRqTimeout => "x-envoy-expected-rq-timeout-ms",
             Self::Default => "default",
         }
     }
