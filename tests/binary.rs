@@ -1,11 +1,13 @@
 //! The real `checkout` binary as a process: a SIGKILL in the middle of a few hundred orders
 //! (restarted on the same SQLite file, every order is accounted for through GetOrder and the
 //! stubs' effect log — nothing lost, nothing stuck, at most one hold and one capture per
-//! reference, no capture for anything DECLINED), and a SIGTERM that lets in-flight orders finish.
+//! reference, no capture for anything DECLINED), a SIGTERM that lets in-flight orders finish,
+//! and the `health` and `migrate` commands an image runs.
 
 mod common;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +52,27 @@ async fn spawn_serve_logging(
     log: &std::path::Path,
     rust_log: &str,
 ) -> (Child, String) {
+    let served = spawn_serve_full(args, log, rust_log).await;
+    (served.child, served.uri)
+}
+
+/// A `checkout serve` process started by [`spawn_serve_full`].
+struct Served {
+    child: Child,
+    /// `http://host:port`.
+    uri: String,
+    /// `host:port`, as `checkout health --addr` takes it.
+    addr: String,
+    /// The admin port (`/metrics`, `/healthz`, `/readyz`).
+    admin: SocketAddr,
+}
+
+/// [`spawn_serve_logging`], returning the admin address too, once serve announced both.
+async fn spawn_serve_full(
+    args: &[&std::ffi::OsStr],
+    log: &std::path::Path,
+    rust_log: &str,
+) -> Served {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -73,19 +96,57 @@ async fn spawn_serve_logging(
         .expect("spawn checkout serve");
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+    let mut next_line = async || {
+        tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("serve announced its addresses in time")
+            .unwrap()
+            .expect("a line on stdout")
+    };
+    let addr = next_line()
         .await
-        .expect("serve announced its address in time")
-        .unwrap()
-        .expect("a line on stdout");
-    let addr = line
         .strip_prefix("checkout serving on ")
         .expect("the address line")
         .trim()
         .to_owned();
+    let admin = loop {
+        if let Some(rest) = next_line().await.strip_prefix("checkout admin on ") {
+            break rest
+                .split_whitespace()
+                .next()
+                .and_then(|a| a.parse().ok())
+                .expect("the admin address");
+        }
+    };
     // Keep reading stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, format!("http://{addr}"))
+    Served {
+        child,
+        uri: format!("http://{addr}"),
+        addr,
+        admin,
+    }
+}
+
+/// `checkout health --addr ADDR` with `args`: whether it exited 0, and the status it printed.
+async fn health(addr: &str, args: &[&std::ffi::OsStr]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["health", "--addr", addr])
+        .args(args)
+        .output()
+        .await
+        .expect("run checkout health");
+    let printed = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (out.status.success(), printed)
+}
+
+/// A port on 127.0.0.1 that is bound but not listening: connections to it are refused until
+/// the socket listens (nothing else can take the port meanwhile).
+fn unlistened_port() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
 }
 
 /// Runs `checkout serve` with `args`, which must refuse to start; returns what it said on
@@ -688,4 +749,190 @@ async fn the_binary_turns_transparent_huge_pages_off_unless_told_otherwise() {
     let pid = kept.id().expect("running");
     assert_eq!(thp_enabled(pid), "1", "MIMALLOC_ALLOW_THP=1 keeps THP");
     kept.kill().await.unwrap();
+}
+
+/// `checkout health` exits 0 and prints SERVING against a running serve (the whole server, or
+/// CheckoutService by name, over mutual TLS as an exec probe in a pod would; `/readyz` agrees),
+/// and exits non-zero for a service it does not know, without a client certificate, and with
+/// nothing listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkout_health_exits_zero_only_on_serving() {
+    let (_unlistened, nothing) = unlistened_port();
+    let (ok, printed) = health(&nothing.to_string(), &[]).await;
+    assert_eq!((ok, printed.as_str()), (false, "UNREACHABLE"));
+
+    let stubs = start_stubs().await;
+    let pki = pki::Pki::new();
+    let server = pki.server("server");
+    let client = pki.client_uri("probe", "spiffe://test/probe");
+    let dir = tempfile::tempdir().unwrap();
+    let (downstream, data) = (stubs.uri(), dir.path().join("data"));
+    let args = [
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+        "--tls-cert".as_ref(),
+        server.cert.as_os_str(),
+        "--tls-key".as_ref(),
+        server.key.as_os_str(),
+        "--tls-client-ca".as_ref(),
+        pki.ca().into_os_string().leak() as &std::ffi::OsStr,
+    ];
+    let mut served = spawn_serve_full(&args, &dir.path().join("serve.log"), "warn").await;
+    let ca = pki.ca();
+    let tls = [
+        "--tls-ca".as_ref(),
+        ca.as_os_str(),
+        "--tls-domain".as_ref(),
+        "localhost".as_ref(),
+    ];
+    let mtls = [
+        &tls[..],
+        &[
+            "--tls-cert".as_ref(),
+            client.cert.as_os_str(),
+            "--tls-key".as_ref(),
+            client.key.as_os_str(),
+        ],
+    ]
+    .concat();
+    let every = Duration::from_millis(50);
+    let (ok, printed) = poll_until(
+        "checkout health over mTLS",
+        Duration::from_secs(30),
+        every,
+        || health(&served.addr, &mtls),
+        |(ok, _)| *ok,
+    )
+    .await;
+    assert_eq!((ok, printed.as_str()), (true, "SERVING"));
+    assert_eq!(common::http::get(served.admin, "/readyz").await.0, 200);
+    let by_name = [
+        &mtls[..],
+        &["--service".as_ref(), "checkout.v1.CheckoutService".as_ref()],
+    ]
+    .concat();
+    assert_eq!(
+        health(&served.addr, &by_name).await,
+        (true, "SERVING".to_owned())
+    );
+    let unknown = [&mtls[..], &["--service".as_ref(), "no.Such".as_ref()]].concat();
+    assert_eq!(
+        health(&served.addr, &unknown).await,
+        (false, "SERVICE_UNKNOWN".to_owned())
+    );
+    let (ok, _) = health(&served.addr, &tls).await;
+    assert!(
+        !ok,
+        "a server requiring client certificates refuses a probe without one"
+    );
+    served.child.start_kill().unwrap();
+    served.child.wait().await.unwrap();
+    stubs.stop().await;
+}
+
+/// The migrations of `backend` (`sqlite` or `postgres`) in the source tree, as many as a fresh
+/// database must have applied.
+fn migration_files(backend: &str) -> usize {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/store/migrations")
+        .join(backend);
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension() == Some("sql".as_ref()))
+        .count()
+}
+
+/// `checkout migrate` with `args` (CHECKOUT_DATABASE_URL removed: only `args` choose the
+/// store); panics unless it exits 0 saying the schema is up to date.
+async fn migrate(args: &[&std::ffi::OsStr]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .arg("migrate")
+        .args(args)
+        .env_remove("CHECKOUT_DATABASE_URL")
+        .output()
+        .await
+        .expect("run checkout migrate");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("up to date"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `checkout migrate --data-dir` on a fresh directory creates the SQLite file with every
+/// migration applied (twice in a row is fine), and a serve started on it afterwards serves
+/// orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_on_a_fresh_sqlite_dir_creates_the_schema_and_serve_starts_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("fresh");
+    migrate(&["--data-dir".as_ref(), data.as_os_str()]).await;
+    migrate(&["--data-dir".as_ref(), data.as_os_str()]).await;
+    let db = rusqlite::Connection::open(data.join("checkout.db")).unwrap();
+    let applied: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM _sqlx_migrations WHERE success",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(applied, migration_files("sqlite") as i64);
+    let orders: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'orders'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(orders, 1, "the orders table exists");
+    drop(db);
+
+    let stubs = start_stubs().await;
+    let (mut child, uri) = spawn_serve(&stubs.uri(), &data, &dir.path().join("serve.log")).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let placed = client
+        .place_order(with_timeout(
+            order("migrated", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    stubs.stop().await;
+}
+
+/// `checkout migrate --database-url` on a fresh PostgreSQL database applies every migration;
+/// three started at once all succeed (sqlx's migrator holds an advisory lock for its run, so
+/// they take turns), leaving each migration applied once.
+#[cfg(feature = "postgres-tests")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_applies_the_schema_to_a_fresh_postgres_database_one_migrator_at_a_time() {
+    use sqlx::Connection;
+    let database = pg::TestDatabase::create("checkout_migrate").await;
+    let url = database.url();
+    let args: [&std::ffi::OsStr; 2] = ["--database-url".as_ref(), url.as_ref()];
+    futures::future::join_all((0..3).map(|_| migrate(&args))).await;
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let (applied, versions): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), COUNT(DISTINCT version) FROM _sqlx_migrations WHERE success",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let expected = migration_files("postgres") as i64;
+    assert_eq!((applied, versions), (expected, expected));
+    let (orders,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'orders'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(orders, 1, "the orders table exists");
+    conn.close().await.ok();
 }

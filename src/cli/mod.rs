@@ -2,7 +2,9 @@
 
 pub mod bare;
 mod demo;
+mod health;
 mod loadgen;
+mod migrate;
 mod otlp_sink;
 mod place;
 mod procfs;
@@ -53,6 +55,10 @@ enum Command {
     OtlpSink(otlp_sink::OtlpSinkArgs),
     /// Replay the seeds' incidents (`list`, a name, or `all`) in-process and judge them.
     Scenario(scenario::ScenarioArgs),
+    /// Ask a server's grpc.health.v1 once: print the status, exit 0 on SERVING, 1 otherwise.
+    Health(health::HealthArgs),
+    /// Apply the store's schema migrations (SQLite or PostgreSQL) and exit.
+    Migrate(migrate::MigrateArgs),
 }
 
 /// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
@@ -67,7 +73,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         | Command::Loadgen(_)
         | Command::Bare(_)
         | Command::OtlpSink(_)
-        | Command::Scenario(_) => None,
+        | Command::Scenario(_)
+        | Command::Health(_)
+        | Command::Migrate(_) => None,
     };
     // The servers log how late their runtime and an OS thread wake (see `crate::stall`).
     let _stalls = match &cli.command {
@@ -84,6 +92,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bare(args) => bare::run(args).await,
         Command::OtlpSink(args) => otlp_sink::run(args).await,
         Command::Scenario(args) => scenario::run(args).await,
+        Command::Health(args) => health::run(args).await,
+        Command::Migrate(args) => migrate::run(args).await,
     };
     if let Some(telemetry) = telemetry {
         telemetry.shutdown().await;
