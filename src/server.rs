@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -20,7 +21,7 @@ use crate::introspection::{self, IntrospectionError};
 use crate::proto::checkout::v1::{
     checkout_service_server::CheckoutServiceServer, operator_service_server::OperatorServiceServer,
 };
-use crate::readiness::{Readiness, watch_store};
+use crate::readiness::{HealthPublisher, Readiness, watch_store};
 use crate::store::OrderStore;
 use crate::worker::{OperatorApi, Worker};
 
@@ -59,9 +60,11 @@ pub enum ServerError {
 }
 
 /// Serves the orchestrator on `listener` (and the admin port on `config.admin_listen`, if set)
-/// until `shutdown` resolves. Then: health turns NOT_SERVING and `/readyz` 503, no new
-/// connections are accepted, in-flight orders finish (each by its own deadline, all within
-/// `shutdown_grace`), and the worker stops after its attempts in flight.
+/// until `shutdown` resolves. Health is NOT_SERVING (and `/readyz` 503) until the store has
+/// taken a write and every downstream has been tried (see [`crate::readiness`]). After
+/// `shutdown`: health turns NOT_SERVING and `/readyz` 503, no new connections are accepted,
+/// in-flight orders finish (each by its own deadline, all within `shutdown_grace`), and the
+/// worker stops after its attempts in flight.
 pub async fn serve(
     listener: TcpListener,
     config: Arc<Config>,
@@ -81,7 +84,8 @@ pub async fn serve_with_admin(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     probe(store.as_ref()).await?;
-    serve_probed(listener, admin, config, store, shutdown).await
+    let readiness = Arc::new(Readiness::default());
+    serve_probed(listener, admin, config, store, readiness, shutdown).await
 }
 
 /// Binds `config.admin_listen`, if set.
@@ -104,12 +108,17 @@ async fn probe(store: &dyn OrderStore) -> Result<(), ServerError> {
         .map_err(ServerError::StoreNotWritable)
 }
 
-/// [`serve`] once the store has been probed.
+/// The longest a downstream's warm-up check may take, connect and handshakes included (each
+/// TCP connect gives up sooner, after its step's connect timeout).
+const WARM_UP_LIMIT: Duration = Duration::from_secs(2);
+
+/// [`serve`] once the store has been probed: readiness is reported through `readiness`.
 async fn serve_probed(
     listener: TcpListener,
     admin: Option<TcpListener>,
     config: Arc<Config>,
     store: Arc<dyn OrderStore>,
+    readiness: Arc<Readiness>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let downstreams = Downstreams::connect_lazy(&config)?;
@@ -119,20 +128,20 @@ async fn serve_probed(
         .as_ref()
         .map(|tls| tls.server("tls"))
         .transpose()?;
-    // Connected before the first order is served (bounded: a down downstream only logs).
-    downstreams.warm_up(std::time::Duration::from_secs(2)).await;
     let orchestrator = Arc::new(Orchestrator::new(
         Arc::clone(&config),
         downstreams.clone(),
         Arc::clone(&store),
     ));
     let worker = Arc::new(
-        Worker::new(Arc::clone(&config), downstreams, Arc::clone(&store))
+        Worker::new(Arc::clone(&config), downstreams.clone(), Arc::clone(&store))
             .yielding_to(orchestrator.limiter().clone()),
     );
 
     let mut routes = RoutesBuilder::default();
-    let health = introspection::add_to(&mut routes)?;
+    let health = HealthPublisher::new(introspection::add_to(&mut routes)?, readiness);
+    // NOT_SERVING from the first health check on, until the downstreams have been tried.
+    health.publish().await;
     // Requests larger than any message of this API are refused before they are decoded.
     let max_message = config.server.max_message_size;
     routes
@@ -148,33 +157,34 @@ async fn serve_probed(
             ))
             .max_decoding_message_size(max_message),
         );
-    health
-        .set_serving::<CheckoutServiceServer<CheckoutApi>>()
-        .await;
 
+    // Served meanwhile, answering NOT_SERVING: ready once every downstream has been tried.
+    let warm_up = tokio::spawn({
+        let health = health.clone();
+        async move {
+            let found = downstreams.warm_up(WARM_UP_LIMIT).await;
+            health.readiness().set_downstreams_tried();
+            health.publish().await;
+            tracing::info!(
+                connected = ?found.connected,
+                unreachable = ?found.unreachable,
+                ready = health.readiness().ready(),
+                "downstreams tried"
+            );
+        }
+    });
     let stop_worker = CancellationToken::new();
     let worker_task = tokio::spawn(Arc::clone(&worker).run(stop_worker.clone()));
-    let readiness = Arc::new(Readiness::default());
     let watch = tokio::spawn({
         let health = health.clone();
         watch_store(
             Arc::clone(&store),
-            Arc::clone(&readiness),
+            Arc::clone(health.readiness()),
             config.store.probe_interval,
             stop_worker.clone(),
-            move |ready| {
+            move |_| {
                 let health = health.clone();
-                async move {
-                    if ready {
-                        health
-                            .set_serving::<CheckoutServiceServer<CheckoutApi>>()
-                            .await;
-                    } else {
-                        health
-                            .set_not_serving::<CheckoutServiceServer<CheckoutApi>>()
-                            .await;
-                    }
-                }
+                async move { health.publish().await }
             },
         )
     });
@@ -186,7 +196,7 @@ async fn serve_probed(
             tracing::info!(%addr, "admin port listening: /metrics /healthz /readyz");
         }
         let admin = crate::admin::Admin {
-            readiness: Some(Arc::clone(&readiness)),
+            readiness: Some(Arc::clone(health.readiness())),
             store: Some(Arc::clone(&store)),
         };
         tokio::spawn(crate::admin::serve(
@@ -200,16 +210,13 @@ async fn serve_probed(
     let on_shutdown = {
         let draining = draining.clone();
         let health = health.clone();
-        let readiness = Arc::clone(&readiness);
         async move {
             shutdown.await;
-            readiness.start_draining();
+            health.readiness().start_draining();
             tracing::info!(
                 "shutting down: no new connections; in-flight orders finish by their deadlines"
             );
-            health
-                .set_not_serving::<CheckoutServiceServer<CheckoutApi>>()
-                .await;
+            health.publish().await;
             draining.cancel();
         }
     };
@@ -254,6 +261,7 @@ async fn serve_probed(
     // Operations that outlived their connection still record their outcome.
     let _ = tokio::time::timeout(config.shutdown_grace, orchestrator.drain()).await;
     stop_worker.cancel();
+    warm_up.abort();
     if let Err(e) = worker_task.await {
         tracing::error!(error = %e, "worker task failed");
     }
@@ -282,7 +290,8 @@ pub struct Running {
 
 impl Running {
     /// Starts serving on `listener` in the background, once the store has proved it takes
-    /// writes.
+    /// writes; returns once every downstream has been tried (ready, unless the store stopped
+    /// taking writes meanwhile).
     pub async fn start(
         listener: TcpListener,
         config: Arc<Config>,
@@ -300,9 +309,27 @@ impl Running {
             .map_err(ServerError::LocalAddr)?;
         // Probed here, so a store that takes no writes fails `start` itself.
         probe(store.as_ref()).await?;
-        let task = tokio::spawn(serve_probed(listener, admin, config, store, async move {
-            signal.cancelled().await
-        }));
+        let readiness = Arc::new(Readiness::default());
+        let mut task = tokio::spawn(serve_probed(
+            listener,
+            admin,
+            config,
+            store,
+            Arc::clone(&readiness),
+            async move { signal.cancelled().await },
+        ));
+        // Returns once ready, as a warm replica, unless the server fails first.
+        tokio::select! {
+            () = readiness.downstreams_tried_wait() => {}
+            ended = &mut task => {
+                return match ended {
+                    Ok(Ok(())) => Err(ServerError::Join("stopped before it was ready".into())),
+                    Ok(Err(e)) => Err(e),
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    Err(e) => Err(ServerError::Join(e.to_string())),
+                };
+            }
+        }
         Ok(Self {
             addr,
             admin_addr,

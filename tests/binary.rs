@@ -2,7 +2,8 @@
 //! (restarted on the same SQLite file, every order is accounted for through GetOrder and the
 //! stubs' effect log — nothing lost, nothing stuck, at most one hold and one capture per
 //! reference, no capture for anything DECLINED), a SIGTERM that lets in-flight orders finish,
-//! and the `health` and `migrate` commands an image runs.
+//! readiness that waits for the downstream connections, and the `health` and `migrate`
+//! commands an image runs.
 
 mod common;
 
@@ -140,6 +141,19 @@ async fn health(addr: &str, args: &[&std::ffi::OsStr]) -> (bool, String) {
     (out.status.success(), printed)
 }
 
+/// Polls `checkout health` at `addr` until it exits 0 (SERVING).
+async fn until_serving(addr: &str) {
+    let every = Duration::from_millis(50);
+    poll_until(
+        "checkout health",
+        Duration::from_secs(30),
+        every,
+        || health(addr, &[]),
+        |(ok, _)| *ok,
+    )
+    .await;
+}
+
 /// A port on 127.0.0.1 that is bound but not listening: connections to it are refused until
 /// the socket listens (nothing else can take the port meanwhile).
 fn unlistened_port() -> (tokio::net::TcpSocket, SocketAddr) {
@@ -147,6 +161,25 @@ fn unlistened_port() -> (tokio::net::TcpSocket, SocketAddr) {
     socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = socket.local_addr().unwrap();
     (socket, addr)
+}
+
+/// A TCP proxy to `target` that holds each new connection for `delay` before passing its bytes
+/// on: a downstream whose connections take that long to set up (a cold TLS handshake, a slow
+/// path), whose calls are quick once connected.
+async fn slow_to_connect(target: SocketAddr, delay: Duration) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    addr
 }
 
 /// Runs `checkout serve` with `args`, which must refuse to start; returns what it said on
@@ -749,6 +782,92 @@ async fn the_binary_turns_transparent_huge_pages_off_unless_told_otherwise() {
     let pid = kept.id().expect("running");
     assert_eq!(thp_enabled(pid), "1", "MIMALLOC_ALLOW_THP=1 keeps THP");
     kept.kill().await.unwrap();
+}
+
+/// Downstreams whose new connections take 400 ms to set up (more than cart's 300 ms cap): serve
+/// says SERVING only once its channels are connected, so the very first order it is sent, right
+/// then, is CONFIRMED as on a warm replica — not declined for the connection it would have had
+/// to make.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_serve_confirms_its_first_order_as_soon_as_health_says_serving() {
+    let stubs = start_stubs().await;
+    let slow = slow_to_connect(stubs.addr(), Duration::from_millis(400)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (downstream, data) = (slow.to_string(), dir.path().join("data"));
+    let args = [
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ];
+    let mut served = spawn_serve_full(&args, &dir.path().join("serve.log"), "warn").await;
+    until_serving(&served.addr).await;
+    let mut client = CheckoutServiceClient::connect(served.uri.clone())
+        .await
+        .unwrap();
+    let first = client
+        .place_order(with_timeout(
+            order("first", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(
+        (first.status(), first.reason.as_str()),
+        (OrderStatus::Confirmed, ""),
+        "{first:?}"
+    );
+    served.child.start_kill().unwrap();
+    served.child.wait().await.unwrap();
+    stubs.stop().await;
+}
+
+/// With nothing listening at the downstream address yet, serve still turns SERVING — a down
+/// downstream must not keep a replica out of rotation — but only after each channel's connect
+/// attempt has run (each is in the log by then); once the downstream listens, orders confirm
+/// without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_downstream_listening_health_is_serving_only_after_the_connect_attempts() {
+    let (socket, downstream) = unlistened_port();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let (downstream_arg, data) = (downstream.to_string(), dir.path().join("data"));
+    let args = [
+        "--downstream".as_ref(),
+        downstream_arg.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ];
+    let mut served = spawn_serve_full(&args, &log, "warn").await;
+    until_serving(&served.addr).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    for service in ["cart", "fraud", "inventory", "wallet"] {
+        assert!(
+            text.lines().any(|l| l.contains("not reachable yet")
+                && l.contains(&format!("service=\"{service}\""))),
+            "no connect attempt to {service} before SERVING: {text}"
+        );
+    }
+
+    let stubs = checkout::stubs::StubServer::start(socket.listen(1024).unwrap(), Vec::new())
+        .await
+        .unwrap();
+    let mut client = CheckoutServiceClient::connect(served.uri.clone())
+        .await
+        .unwrap();
+    let placed = client
+        .place_order(with_timeout(
+            order("later", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    served.child.start_kill().unwrap();
+    served.child.wait().await.unwrap();
+    stubs.stop().await;
 }
 
 /// `checkout health` exits 0 and prints SERVING against a running serve (the whole server, or
