@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::service::RoutesBuilder;
 use tonic::transport::Server;
@@ -60,11 +61,7 @@ pub enum ServerError {
 }
 
 /// Serves the orchestrator on `listener` (and the admin port on `config.admin_listen`, if set)
-/// until `shutdown` resolves. Health is NOT_SERVING (and `/readyz` 503) until the store has
-/// taken a write and every downstream has been tried (see [`crate::readiness`]). After
-/// `shutdown`: health turns NOT_SERVING and `/readyz` 503, no new connections are accepted,
-/// in-flight orders finish (each by its own deadline, all within `shutdown_grace`), and the
-/// worker stops after its attempts in flight.
+/// until `shutdown` resolves, then drains (see [`serve_with_admin`]).
 pub async fn serve(
     listener: TcpListener,
     config: Arc<Config>,
@@ -76,6 +73,15 @@ pub async fn serve(
 }
 
 /// [`serve`] with the admin port on `admin` (already bound), or none.
+///
+/// Health is NOT_SERVING (and `/readyz` 503) until the store has taken a write and every
+/// downstream has been tried (see [`crate::readiness`]). When `shutdown` resolves, the drain:
+/// 1. health turns NOT_SERVING and `/readyz` 503 at once, while new calls are still served for
+///    `server.drain_delay`, so load balancers stop routing here before anything is refused;
+/// 2. then no new connection is accepted and open ones are sent GOAWAY, and in-flight orders
+///    finish by their own deadlines, within `shutdown_grace`;
+/// 3. whatever still hangs then (connections included: a graceful shutdown can hang) is
+///    dropped, and the worker stops.
 pub async fn serve_with_admin(
     listener: TcpListener,
     admin: Option<TcpListener>,
@@ -84,8 +90,18 @@ pub async fn serve_with_admin(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     probe(store.as_ref()).await?;
+    let drain_delay = config.server.drain_delay;
     let readiness = Arc::new(Readiness::default());
-    serve_probed(listener, admin, config, store, readiness, shutdown).await
+    serve_probed(
+        listener,
+        admin,
+        config,
+        store,
+        readiness,
+        shutdown,
+        drain_delay,
+    )
+    .await
 }
 
 /// Binds `config.admin_listen`, if set.
@@ -112,7 +128,12 @@ async fn probe(store: &dyn OrderStore) -> Result<(), ServerError> {
 /// TCP connect gives up sooner, after its step's connect timeout).
 const WARM_UP_LIMIT: Duration = Duration::from_secs(2);
 
-/// [`serve`] once the store has been probed: readiness is reported through `readiness`.
+/// How long an idle worker may take to notice its stop: a few turns of the scheduler, with
+/// room to spare on a loaded machine.
+const WORKER_STOP_SLACK: Duration = Duration::from_millis(100);
+
+/// [`serve`] once the store has been probed: readiness is reported through `readiness`, and
+/// new calls are served for `drain_delay` after `shutdown`.
 async fn serve_probed(
     listener: TcpListener,
     admin: Option<TcpListener>,
@@ -120,6 +141,7 @@ async fn serve_probed(
     store: Arc<dyn OrderStore>,
     readiness: Arc<Readiness>,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    drain_delay: Duration,
 ) -> Result<(), ServerError> {
     let downstreams = Downstreams::connect_lazy(&config)?;
     // Read before anything is served, so that a bad certificate stops the start.
@@ -206,18 +228,25 @@ async fn serve_probed(
         ))
     });
 
-    let draining = CancellationToken::new();
+    // Cancelled when the server stops accepting: the grace period starts then.
+    let stop_accepting = CancellationToken::new();
     let on_shutdown = {
-        let draining = draining.clone();
+        let stop_accepting = stop_accepting.clone();
         let health = health.clone();
         async move {
             shutdown.await;
             health.readiness().start_draining();
-            tracing::info!(
-                "shutting down: no new connections; in-flight orders finish by their deadlines"
-            );
             health.publish().await;
-            draining.cancel();
+            tracing::info!(
+                ?drain_delay,
+                "draining: health is NOT_SERVING; new calls are still served for the drain delay"
+            );
+            tokio::time::sleep(drain_delay).await;
+            tracing::info!(
+                "no new connections; open ones are sent GOAWAY and in-flight orders finish by \
+                 their deadlines"
+            );
+            stop_accepting.cancel();
         }
     };
     let addr = listener.local_addr().map_err(ServerError::LocalAddr)?;
@@ -248,22 +277,44 @@ async fn serve_probed(
             on_shutdown,
         );
     tokio::pin!(server);
-    let served = tokio::select! {
-        result = &mut server => result,
-        () = async {
-            draining.cancelled().await;
-            tokio::time::sleep(config.shutdown_grace).await;
-        } => {
-            tracing::warn!(grace = ?config.shutdown_grace, "connections still open after the grace period; closing them");
-            Ok(())
-        }
+    // The graceful shutdown is bounded: hyper can wait forever on a connection that never
+    // finished its handshake (hyperium/hyper#4170). At the hard stop the server future is
+    // dropped; its connections go with the process.
+    let finished = tokio::select! {
+        result = &mut server => Some(result),
+        () = stop_accepting.cancelled() => None,
     };
-    // Operations that outlived their connection still record their outcome.
-    let _ = tokio::time::timeout(config.shutdown_grace, orchestrator.drain()).await;
+    let hard_stop = Instant::now() + config.shutdown_grace;
+    let served = match finished {
+        Some(result) => result,
+        None => match tokio::time::timeout_at(hard_stop, &mut server).await {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::warn!(
+                    grace = ?config.shutdown_grace,
+                    "connections still open after the grace period; closing them"
+                );
+                Ok(())
+            }
+        },
+    };
+    // Operations that outlived their connection still record their outcome, by the hard stop.
+    if tokio::time::timeout_at(hard_stop, orchestrator.drain())
+        .await
+        .is_err()
+    {
+        tracing::warn!("orders still in flight at the hard stop; the worker finishes them");
+    }
     stop_worker.cancel();
     warm_up.abort();
-    if let Err(e) = worker_task.await {
-        tracing::error!(error = %e, "worker task failed");
+    // The worker's attempts in flight end by their own timeout; at the latest by the hard stop
+    // (a lease, not this process, is what hands a job over: another replica takes it then). An
+    // idle worker gets the moment it needs to see its stop even when the hard stop has passed.
+    let worker_until = hard_stop.max(Instant::now() + WORKER_STOP_SLACK);
+    match tokio::time::timeout_at(worker_until, worker_task).await {
+        Ok(Err(e)) => tracing::error!(error = %e, "worker task failed"),
+        Ok(Ok(())) => {}
+        Err(_) => tracing::warn!("worker attempts still running at the hard stop; dropped"),
     }
     if let Err(e) = watch.await {
         tracing::error!(error = %e, "store watch failed");
@@ -317,6 +368,8 @@ impl Running {
             store,
             Arc::clone(&readiness),
             async move { signal.cancelled().await },
+            // Stopped by its owner, not a signal: no load balancer needs time to notice.
+            Duration::ZERO,
         ));
         // Returns once ready, as a warm replica, unless the server fails first.
         tokio::select! {
@@ -355,7 +408,8 @@ impl Running {
         format!("{scheme}://{}", self.addr)
     }
 
-    /// Shuts down gracefully and waits; re-raises a panic of the server task.
+    /// Shuts down gracefully and waits; re-raises a panic of the server task. Unlike a signal
+    /// to `serve`, there is no `server.drain_delay`: new connections are refused at once.
     pub async fn stop(self) -> Result<(), ServerError> {
         self.shutdown.cancel();
         match self.task.await {

@@ -1,9 +1,9 @@
 //! The real `checkout` binary as a process: a SIGKILL in the middle of a few hundred orders
 //! (restarted on the same SQLite file, every order is accounted for through GetOrder and the
 //! stubs' effect log — nothing lost, nothing stuck, at most one hold and one capture per
-//! reference, no capture for anything DECLINED), a SIGTERM that lets in-flight orders finish,
-//! readiness that waits for the downstream connections, and the `health` and `migrate`
-//! commands an image runs.
+//! reference, no capture for anything DECLINED), a SIGTERM that lets in-flight orders finish
+//! after a drain delay a load balancer can follow, readiness that waits for the downstream
+//! connections, and the `health` and `migrate` commands an image runs.
 
 mod common;
 
@@ -152,6 +152,23 @@ async fn until_serving(addr: &str) {
         |(ok, _)| *ok,
     )
     .await;
+}
+
+/// Sends SIGTERM to `child`, as a container runtime stopping it does.
+fn sigterm(child: &Child) {
+    let pid = child.id().expect("running").to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -TERM {pid}");
+}
+
+/// A config file holding `toml` in `dir`.
+fn config_file(dir: &std::path::Path, toml: &str) -> std::path::PathBuf {
+    let path = dir.join("checkout.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
 }
 
 /// A port on 127.0.0.1 that is bound but not listening: connections to it are refused until
@@ -442,8 +459,8 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
     stubs.stop().await;
 }
 
-/// SIGTERM stops accepting connections but lets an order in flight finish within its own
-/// deadline; then the process exits cleanly.
+/// SIGTERM (with `server.drain_delay` 0) stops accepting connections but lets an order in
+/// flight finish within its own deadline; then the process exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
     let stubs = start_stubs().await;
@@ -461,12 +478,18 @@ async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
         )
         .await;
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, uri) = spawn_serve(
-        &stubs.uri(),
-        &dir.path().join("data"),
-        &dir.path().join("serve.log"),
-    )
-    .await;
+    // Without a drain delay, connections are refused from the signal on.
+    let config = config_file(dir.path(), "[server]\ndrain_delay = \"0s\"\n");
+    let (downstream, data) = (stubs.uri(), dir.path().join("data"));
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ];
+    let (mut child, uri) = spawn_serve_with(&args, &dir.path().join("serve.log")).await;
     let client = CheckoutServiceClient::connect(uri.clone()).await.unwrap();
     let in_flight = tokio::spawn(async move {
         let mut request = with_timeout(order("graceful", "cart-7"), Duration::from_secs(2));
@@ -784,6 +807,108 @@ async fn the_binary_turns_transparent_huge_pages_off_unless_told_otherwise() {
     kept.kill().await.unwrap();
 }
 
+/// SIGTERM with `server.drain_delay` 2 s: at once health is NOT_SERVING (`checkout health`
+/// exits non-zero) and `/readyz` 503, while new connections and orders are still served — an
+/// order sent after the signal is CONFIRMED; only after the delay are new connections refused,
+/// and the process exits then, without waiting for the grace period it did not need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_turns_health_not_serving_at_once_and_serves_new_orders_through_the_drain_delay() {
+    const DRAIN_DELAY: Duration = Duration::from_secs(2);
+    const GRACE: Duration = Duration::from_secs(5);
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        "shutdown_grace = \"5s\"\n[server]\ndrain_delay = \"2s\"\n",
+    );
+    let (downstream, data) = (stubs.uri(), dir.path().join("data"));
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ];
+    let mut served = spawn_serve_full(&args, &dir.path().join("serve.log"), "warn").await;
+    until_serving(&served.addr).await;
+    assert_eq!(
+        common::http::get(served.admin, "/readyz").await,
+        (200, "ready\n".to_owned())
+    );
+
+    let signalled = Instant::now();
+    sigterm(&served.child);
+    // A fresh connection that is told NOT_SERVING proves both: health turned, and the listener
+    // still accepts.
+    let every = Duration::from_millis(20);
+    let (exited_zero, _) = poll_until(
+        "health after SIGTERM",
+        DRAIN_DELAY,
+        every,
+        || health(&served.addr, &[]),
+        |(_, printed)| printed == "NOT_SERVING",
+    )
+    .await;
+    assert!(
+        !exited_zero,
+        "checkout health exits non-zero on NOT_SERVING"
+    );
+    let (status, body) = poll_until(
+        "/readyz after SIGTERM",
+        DRAIN_DELAY,
+        every,
+        || common::http::get(served.admin, "/readyz"),
+        |(status, _)| *status == 503,
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (503, "draining\n"));
+
+    let mut client = CheckoutServiceClient::connect(served.uri.clone())
+        .await
+        .expect("new connections are accepted during the drain delay");
+    let connected = signalled.elapsed();
+    let placed = client
+        .place_order(with_timeout(
+            order("during-drain", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order sent during the drain delay is served")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    assert!(
+        connected < DRAIN_DELAY,
+        "connected {connected:?} after SIGTERM"
+    );
+
+    let (_, printed) = poll_until(
+        "health after the drain delay",
+        DRAIN_DELAY + GRACE,
+        every,
+        || health(&served.addr, &[]),
+        |(_, printed)| printed == "UNREACHABLE",
+    )
+    .await;
+    assert_eq!(printed, "UNREACHABLE");
+    let refused = signalled.elapsed();
+    assert!(
+        refused >= DRAIN_DELAY,
+        "connections refused {refused:?} after SIGTERM, before the drain delay ended"
+    );
+    let exit = tokio::time::timeout(DRAIN_DELAY + GRACE, served.child.wait())
+        .await
+        .expect("exits after the drain")
+        .unwrap();
+    let exited = signalled.elapsed();
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        exited >= DRAIN_DELAY && exited < DRAIN_DELAY + GRACE,
+        "exited {exited:?} after SIGTERM: the delay, then nothing left in flight to wait for"
+    );
+    stubs.stop().await;
+}
+
 /// Downstreams whose new connections take 400 ms to set up (more than cart's 300 ms cap): serve
 /// says SERVING only once its channels are connected, so the very first order it is sent, right
 /// then, is CONFIRMED as on a warm replica — not declined for the connection it would have had
@@ -1054,4 +1179,49 @@ async fn migrate_applies_the_schema_to_a_fresh_postgres_database_one_migrator_at
     .unwrap();
     assert_eq!(orders, 1, "the orders table exists");
     conn.close().await.ok();
+}
+
+/// A client that opened a connection and never sent its HTTP/2 preface (a pool's idle dial)
+/// cannot hold the exit: hyper's graceful shutdown waits for such a connection forever
+/// (hyperium/hyper#4170), so the process ends it at the hard stop, `shutdown_grace` after it
+/// stopped accepting, and exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_speaks_cannot_hold_the_exit_past_the_grace_period() {
+    const GRACE: Duration = Duration::from_secs(1);
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        "shutdown_grace = \"1s\"\n[server]\ndrain_delay = \"0s\"\n",
+    );
+    let (downstream, data, log) = (
+        stubs.uri(),
+        dir.path().join("data"),
+        dir.path().join("serve.log"),
+    );
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ];
+    let mut served = spawn_serve_full(&args, &log, "warn").await;
+    until_serving(&served.addr).await;
+    let silent = tokio::net::TcpStream::connect(&served.addr).await.unwrap();
+    sigterm(&served.child);
+    // Without the hard stop it would wait for the silent connection as long as it stays open.
+    let exit = tokio::time::timeout(GRACE + Duration::from_secs(5), served.child.wait())
+        .await
+        .expect("exits by the hard stop")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("worker attempts still running"),
+        "the idle worker stopped cleanly: {text}"
+    );
+    drop(silent);
+    stubs.stop().await;
 }
