@@ -1,7 +1,7 @@
 //! The admin HTTP port (`--admin-listen`, config `admin_listen`): `/metrics` in Prometheus
-//! text, `/healthz` (the process answers) and `/readyz` (it should receive traffic: its store
-//! takes writes and it is not draining; 503 otherwise). Served by axum on a listener the
-//! caller binds, until the caller's shutdown signal.
+//! text, `/healthz` (the process answers) and `/readyz` (it should receive traffic, as
+//! [`crate::readiness`] defines it; 503 with the reason otherwise). Served by axum on a
+//! listener the caller binds, until the caller's shutdown signal.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -72,12 +72,12 @@ async fn render_metrics(State(admin): State<Admin>) -> impl IntoResponse {
 }
 
 async fn ready(State(admin): State<Admin>) -> impl IntoResponse {
-    match admin.readiness.as_deref() {
-        Some(r) if r.draining() => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
-        Some(r) if !r.store_writable() => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the order store does not accept writes\n",
-        ),
-        _ => (StatusCode::OK, "ready\n"),
+    match admin
+        .readiness
+        .as_deref()
+        .and_then(Readiness::not_ready_because)
+    {
+        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+        None => (StatusCode::OK, "ready\n".to_owned()),
     }
 }

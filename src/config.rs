@@ -491,6 +491,10 @@ pub struct ServerPolicy {
     /// Streams a connection may make us reset (malformed or refused frames) before it is sent
     /// GOAWAY: h2's guard against reset floods, which tonic turns off by default.
     pub max_local_error_reset_streams: usize,
+    /// After SIGINT/SIGTERM, how long new calls are still served while health says NOT_SERVING,
+    /// so load balancers stop routing here before connections are asked to go away.
+    #[serde(with = "humantime_serde")]
+    pub drain_delay: Duration,
 }
 
 impl Default for ServerPolicy {
@@ -504,6 +508,7 @@ impl Default for ServerPolicy {
             max_connection_age_grace: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
             max_local_error_reset_streams: 1024,
+            drain_delay: Duration::from_secs(5),
         }
     }
 }
@@ -817,6 +822,7 @@ impl Config {
                 DAY,
             ),
             ("server.request_timeout", sv.request_timeout, 10 * MS, DAY),
+            ("server.drain_delay", sv.drain_delay, Duration::ZERO, HOUR),
             ("shutdown_grace", self.shutdown_grace, Duration::ZERO, HOUR),
         ];
         for (key, value, low, high) in durations {

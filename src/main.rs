@@ -1,4 +1,5 @@
-//! The `checkout` binary: `demo`, `serve`, `stubs`, `place`, `loadgen`, `bare`, `scenario`.
+//! The `checkout` binary: `demo`, `serve`, `stubs`, `place`, `loadgen`, `bare`, `scenario`,
+//! `health`, `migrate`.
 //! Thin: parsing and wiring live in `checkout::cli`.
 
 use clap::Parser;

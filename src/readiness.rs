@@ -1,28 +1,59 @@
-//! Whether this orchestrator should receive traffic: its store accepts writes (proved by a
-//! write probe at start and every `store.probe_interval` while running) and it is not
-//! draining. gRPC health reports it as SERVING / NOT_SERVING, so load balancers and
-//! orchestrators stop sending orders to a process that would fail every one of them.
+//! Whether this orchestrator should receive traffic, and its publication as gRPC health.
+//!
+//! Ready means all three of:
+//! - **the store takes writes**: proved by a write probe before anything is served, and again
+//!   every `store.probe_interval` while running;
+//! - **every downstream channel has been tried**: at start each of the four channels (cart,
+//!   fraud, inventory, wallet) connects eagerly, bounded by its step's connect timeout. Ready
+//!   follows once each attempt has ended, connected or not: a replica that has just started
+//!   then answers its first order as a warm one would, and a downstream that is down does not
+//!   keep the replica out of rotation (its calls reconnect on their own and decline with
+//!   `*_UNAVAILABLE` meanwhile, as on any replica);
+//! - **it is not draining**: from SIGINT/SIGTERM on, it is never ready again.
+//!
+//! gRPC health reports it for the whole server (`""`) and for `checkout.v1.CheckoutService`:
+//! SERVING exactly when ready, NOT_SERVING otherwise; `/readyz` says 200 or 503 with the
+//! reason. Load balancers and orchestrators thereby send orders only to a process that can take
+//! them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
+use tonic::server::NamedService;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 
+use crate::checkout::CheckoutApi;
 use crate::deadline::now_ms;
+use crate::proto::checkout::v1::checkout_service_server::CheckoutServiceServer;
 use crate::store::OrderStore;
 
-/// The two conditions, shared by whoever reports readiness.
+/// The health names that follow readiness: the whole server and CheckoutService.
+const HEALTH_NAMES: [&str; 2] = [
+    "",
+    <CheckoutServiceServer<CheckoutApi> as NamedService>::NAME,
+];
+
+/// The three conditions, shared by whoever reports readiness.
 #[derive(Debug)]
 pub struct Readiness {
+    /// The last write probe succeeded (true at start: the store was probed before serving).
     store_writable: AtomicBool,
+    /// Every downstream channel has had its connect attempt; set once, never cleared.
+    downstreams_tried: watch::Sender<bool>,
+    /// Shutdown has begun; set once, never cleared.
     draining: AtomicBool,
 }
 
 impl Default for Readiness {
+    /// A process that has just started: its store probed, its downstreams not yet tried.
     fn default() -> Self {
         Self {
             store_writable: AtomicBool::new(true),
+            downstreams_tried: watch::Sender::new(false),
             draining: AtomicBool::new(false),
         }
     }
@@ -31,7 +62,20 @@ impl Default for Readiness {
 impl Readiness {
     /// Whether orders can be taken now.
     pub fn ready(&self) -> bool {
-        self.store_writable() && !self.draining.load(Ordering::Acquire)
+        self.not_ready_because().is_none()
+    }
+
+    /// Why it is not ready (the first condition that fails), or `None` when it is.
+    pub fn not_ready_because(&self) -> Option<&'static str> {
+        if self.draining() {
+            Some("draining")
+        } else if !self.store_writable() {
+            Some("the order store does not accept writes")
+        } else if !self.downstreams_tried() {
+            Some("connecting to the downstream services")
+        } else {
+            None
+        }
     }
 
     /// Whether the last probe of the store succeeded.
@@ -39,9 +83,26 @@ impl Readiness {
         self.store_writable.load(Ordering::Acquire)
     }
 
+    /// Whether every downstream channel has had its connect attempt.
+    pub fn downstreams_tried(&self) -> bool {
+        *self.downstreams_tried.borrow()
+    }
+
     /// Whether shutdown has begun.
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+
+    /// Every downstream channel has had its connect attempt.
+    pub fn set_downstreams_tried(&self) {
+        self.downstreams_tried.send_replace(true);
+    }
+
+    /// Resolves once every downstream channel has had its connect attempt.
+    pub async fn downstreams_tried_wait(&self) {
+        let mut tried = self.downstreams_tried.subscribe();
+        // The sender is `self`, alive for as long as this borrow: waiting cannot fail.
+        let _ = tried.wait_for(|tried| *tried).await;
     }
 
     /// Shutdown has begun: no longer ready.
@@ -49,14 +110,55 @@ impl Readiness {
         self.draining.store(true, Ordering::Release);
     }
 
-    /// Records a probe's result; returns whether readiness changed.
+    /// Records a probe's result; returns whether it changed.
     fn set_store_writable(&self, writable: bool) -> bool {
         self.store_writable.swap(writable, Ordering::AcqRel) != writable
     }
 }
 
+/// Publishes [`Readiness`] as gRPC health, one update at a time: each update reads readiness
+/// under the lock, so a store probe finishing late never turns a draining server SERVING again.
+#[derive(Debug, Clone)]
+pub struct HealthPublisher {
+    /// The server's `grpc.health.v1.Health` statuses.
+    reporter: HealthReporter,
+    /// What is published.
+    readiness: Arc<Readiness>,
+    /// Serializes updates.
+    publishing: Arc<Mutex<()>>,
+}
+
+impl HealthPublisher {
+    /// Publishes `readiness` through `reporter`.
+    pub fn new(reporter: HealthReporter, readiness: Arc<Readiness>) -> Self {
+        Self {
+            reporter,
+            readiness,
+            publishing: Arc::default(),
+        }
+    }
+
+    /// The readiness it publishes.
+    pub fn readiness(&self) -> &Arc<Readiness> {
+        &self.readiness
+    }
+
+    /// Sets every health name SERVING if ready now, NOT_SERVING otherwise.
+    pub async fn publish(&self) {
+        let _one_at_a_time = self.publishing.lock().await;
+        let status = if self.readiness.ready() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        for name in HEALTH_NAMES {
+            self.reporter.set_service_status(name, status).await;
+        }
+    }
+}
+
 /// Probes `store` every `interval` until `stop`, keeping `readiness` current and calling
-/// `changed` with the new readiness whenever it changes (to update gRPC health).
+/// `changed` with the new readiness whenever the probe's result changes (to update gRPC health).
 pub async fn watch_store<F, Fut>(
     store: Arc<dyn OrderStore>,
     readiness: Arc<Readiness>,
@@ -76,7 +178,7 @@ pub async fn watch_store<F, Fut>(
         let writable = probed.is_ok();
         if readiness.set_store_writable(writable) {
             match probed {
-                Ok(()) => tracing::info!("the order store accepts writes again: serving"),
+                Ok(()) => tracing::info!("the order store accepts writes again"),
                 Err(error) => tracing::error!(
                     %error,
                     "the order store does not accept writes: health is NOT_SERVING until it does"
@@ -84,5 +186,63 @@ pub async fn watch_store<F, Fut>(
             }
             changed(readiness.ready()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process that has just started is not ready until its downstreams were tried, and a
+    /// draining one is never ready again, whatever the store says.
+    #[test]
+    fn ready_needs_the_store_the_downstreams_tried_and_no_drain() {
+        let r = Readiness::default();
+        assert_eq!(
+            r.not_ready_because(),
+            Some("connecting to the downstream services")
+        );
+        r.set_downstreams_tried();
+        assert!(r.ready());
+        assert!(r.set_store_writable(false));
+        assert_eq!(
+            r.not_ready_because(),
+            Some("the order store does not accept writes")
+        );
+        assert!(r.set_store_writable(true));
+        assert!(r.ready());
+        r.start_draining();
+        assert_eq!(r.not_ready_because(), Some("draining"));
+    }
+
+    /// Health names the whole server and CheckoutService, SERVING only when ready.
+    #[tokio::test]
+    async fn health_follows_readiness_for_the_server_and_checkout_service() {
+        use tonic_health::pb::health_check_response::ServingStatus as Wire;
+        use tonic_health::pb::health_server::Health;
+        let (reporter, _) = tonic_health::server::health_reporter();
+        let service = tonic_health::server::HealthService::from_health_reporter(reporter.clone());
+        let readiness = Arc::new(Readiness::default());
+        let publisher = HealthPublisher::new(reporter, Arc::clone(&readiness));
+        let statuses = || async {
+            let mut statuses = Vec::new();
+            for name in HEALTH_NAMES {
+                let request = tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+                    service: name.into(),
+                });
+                let answer = service.check(request).await.expect("a known name");
+                statuses.push(answer.into_inner().status());
+            }
+            statuses
+        };
+        publisher.publish().await;
+        assert_eq!(statuses().await, [Wire::NotServing; 2]);
+        readiness.set_downstreams_tried();
+        readiness.downstreams_tried_wait().await;
+        publisher.publish().await;
+        assert_eq!(statuses().await, [Wire::Serving; 2]);
+        readiness.start_draining();
+        publisher.publish().await;
+        assert_eq!(statuses().await, [Wire::NotServing; 2]);
     }
 }

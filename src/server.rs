@@ -5,9 +5,11 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::service::RoutesBuilder;
 use tonic::transport::Server;
@@ -19,7 +21,7 @@ use crate::downstream::{AddressError, Downstreams};
 use crate::proto::checkout::v1::{
     checkout_service_server::CheckoutServiceServer, operator_service_server::OperatorServiceServer,
 };
-use crate::readiness::{Readiness, watch_store};
+use crate::readiness::{HealthPublisher, Readiness, watch_store};
 use crate::store::OrderStore;
 use crate::worker::{OperatorApi, Worker};
 use checkout_proto::reflection::{self, ReflectionError};
@@ -64,9 +66,7 @@ pub enum ServerError {
 }
 
 /// Serves the orchestrator on `listener` (and the admin port on `config.admin_listen`, if set)
-/// until `shutdown` resolves. Then: health turns NOT_SERVING and `/readyz` 503, no new
-/// connections are accepted, in-flight orders finish (each by its own deadline, all within
-/// `shutdown_grace`), and the worker stops after its attempts in flight.
+/// until `shutdown` resolves, then drains (see [`serve_with_admin`]).
 pub async fn serve(
     listener: TcpListener,
     config: Arc<Config>,
@@ -78,6 +78,15 @@ pub async fn serve(
 }
 
 /// [`serve`] with the admin port on `admin` (already bound), or none.
+///
+/// Health is NOT_SERVING (and `/readyz` 503) until the store has taken a write and every
+/// downstream has been tried (see [`crate::readiness`]). When `shutdown` resolves, the drain:
+/// 1. health turns NOT_SERVING and `/readyz` 503 at once, while new calls are still served for
+///    `server.drain_delay`, so load balancers stop routing here before anything is refused;
+/// 2. then no new connection is accepted and open ones are sent GOAWAY, and in-flight orders
+///    finish by their own deadlines, within `shutdown_grace`;
+/// 3. whatever still hangs then (connections included: a graceful shutdown can hang) is
+///    dropped, and the worker stops.
 pub async fn serve_with_admin(
     listener: TcpListener,
     admin: Option<TcpListener>,
@@ -86,7 +95,18 @@ pub async fn serve_with_admin(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     probe(store.as_ref()).await?;
-    serve_probed(listener, admin, config, store, shutdown).await
+    let drain_delay = config.server.drain_delay;
+    let readiness = Arc::new(Readiness::default());
+    serve_probed(
+        listener,
+        admin,
+        config,
+        store,
+        readiness,
+        shutdown,
+        drain_delay,
+    )
+    .await
 }
 
 /// Binds `config.admin_listen`, if set.
@@ -109,13 +129,24 @@ async fn probe(store: &dyn OrderStore) -> Result<(), ServerError> {
         .map_err(ServerError::StoreNotWritable)
 }
 
-/// [`serve`] once the store has been probed.
+/// The longest a downstream's warm-up check may take, connect and handshakes included (each
+/// TCP connect gives up sooner, after its step's connect timeout).
+const WARM_UP_LIMIT: Duration = Duration::from_secs(2);
+
+/// How long an idle worker may take to notice its stop: a few turns of the scheduler, with
+/// room to spare on a loaded machine.
+const WORKER_STOP_SLACK: Duration = Duration::from_millis(100);
+
+/// [`serve`] once the store has been probed: readiness is reported through `readiness`, and
+/// new calls are served for `drain_delay` after `shutdown`.
 async fn serve_probed(
     listener: TcpListener,
     admin: Option<TcpListener>,
     config: Arc<Config>,
     store: Arc<dyn OrderStore>,
+    readiness: Arc<Readiness>,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    drain_delay: Duration,
 ) -> Result<(), ServerError> {
     let downstreams = Downstreams::connect_lazy(&config)?;
     // Read before anything is served, so that a bad certificate stops the start.
@@ -124,20 +155,23 @@ async fn serve_probed(
         .as_ref()
         .map(|tls| tls.server("tls"))
         .transpose()?;
-    // Connected before the first order is served (bounded: a down downstream only logs).
-    downstreams.warm_up(std::time::Duration::from_secs(2)).await;
     let orchestrator = Arc::new(Orchestrator::new(
         Arc::clone(&config),
         downstreams.clone(),
         Arc::clone(&store),
     ));
     let worker = Arc::new(
-        Worker::new(Arc::clone(&config), downstreams, Arc::clone(&store))
+        Worker::new(Arc::clone(&config), downstreams.clone(), Arc::clone(&store))
             .yielding_to(orchestrator.limiter().clone()),
     );
 
     let mut routes = RoutesBuilder::default();
-    let health = reflection::add_to(&mut routes, FILE_DESCRIPTOR_SET)?;
+    let health = HealthPublisher::new(
+        reflection::add_to(&mut routes, FILE_DESCRIPTOR_SET)?,
+        readiness,
+    );
+    // NOT_SERVING from the first health check on, until the downstreams have been tried.
+    health.publish().await;
     // Requests larger than any message of this API are refused before they are decoded.
     let max_message = config.server.max_message_size;
     routes
@@ -153,33 +187,34 @@ async fn serve_probed(
             ))
             .max_decoding_message_size(max_message),
         );
-    health
-        .set_serving::<CheckoutServiceServer<CheckoutApi>>()
-        .await;
 
+    // Served meanwhile, answering NOT_SERVING: ready once every downstream has been tried.
+    let warm_up = tokio::spawn({
+        let health = health.clone();
+        async move {
+            let found = downstreams.warm_up(WARM_UP_LIMIT).await;
+            health.readiness().set_downstreams_tried();
+            health.publish().await;
+            tracing::info!(
+                connected = ?found.connected,
+                unreachable = ?found.unreachable,
+                ready = health.readiness().ready(),
+                "downstreams tried"
+            );
+        }
+    });
     let stop_worker = CancellationToken::new();
     let worker_task = tokio::spawn(Arc::clone(&worker).run(stop_worker.clone()));
-    let readiness = Arc::new(Readiness::default());
     let watch = tokio::spawn({
         let health = health.clone();
         watch_store(
             Arc::clone(&store),
-            Arc::clone(&readiness),
+            Arc::clone(health.readiness()),
             config.store.probe_interval,
             stop_worker.clone(),
-            move |ready| {
+            move |_| {
                 let health = health.clone();
-                async move {
-                    if ready {
-                        health
-                            .set_serving::<CheckoutServiceServer<CheckoutApi>>()
-                            .await;
-                    } else {
-                        health
-                            .set_not_serving::<CheckoutServiceServer<CheckoutApi>>()
-                            .await;
-                    }
-                }
+                async move { health.publish().await }
             },
         )
     });
@@ -191,7 +226,7 @@ async fn serve_probed(
             tracing::info!(%addr, "admin port listening: /metrics /healthz /readyz");
         }
         let admin = crate::admin::Admin {
-            readiness: Some(Arc::clone(&readiness)),
+            readiness: Some(Arc::clone(health.readiness())),
             store: Some(Arc::clone(&store)),
         };
         tokio::spawn(crate::admin::serve(
@@ -201,21 +236,25 @@ async fn serve_probed(
         ))
     });
 
-    let draining = CancellationToken::new();
+    // Cancelled when the server stops accepting: the grace period starts then.
+    let stop_accepting = CancellationToken::new();
     let on_shutdown = {
-        let draining = draining.clone();
+        let stop_accepting = stop_accepting.clone();
         let health = health.clone();
-        let readiness = Arc::clone(&readiness);
         async move {
             shutdown.await;
-            readiness.start_draining();
+            health.readiness().start_draining();
+            health.publish().await;
             tracing::info!(
-                "shutting down: no new connections; in-flight orders finish by their deadlines"
+                ?drain_delay,
+                "draining: health is NOT_SERVING; new calls are still served for the drain delay"
             );
-            health
-                .set_not_serving::<CheckoutServiceServer<CheckoutApi>>()
-                .await;
-            draining.cancel();
+            tokio::time::sleep(drain_delay).await;
+            tracing::info!(
+                "no new connections; open ones are sent GOAWAY and in-flight orders finish by \
+                 their deadlines"
+            );
+            stop_accepting.cancel();
         }
     };
     let addr = listener.local_addr().map_err(ServerError::LocalAddr)?;
@@ -246,21 +285,44 @@ async fn serve_probed(
             on_shutdown,
         );
     tokio::pin!(server);
-    let served = tokio::select! {
-        result = &mut server => result,
-        () = async {
-            draining.cancelled().await;
-            tokio::time::sleep(config.shutdown_grace).await;
-        } => {
-            tracing::warn!(grace = ?config.shutdown_grace, "connections still open after the grace period; closing them");
-            Ok(())
-        }
+    // The graceful shutdown is bounded: hyper can wait forever on a connection that never
+    // finished its handshake (hyperium/hyper#4170). At the hard stop the server future is
+    // dropped; its connections go with the process.
+    let finished = tokio::select! {
+        result = &mut server => Some(result),
+        () = stop_accepting.cancelled() => None,
     };
-    // Operations that outlived their connection still record their outcome.
-    let _ = tokio::time::timeout(config.shutdown_grace, orchestrator.drain()).await;
+    let hard_stop = Instant::now() + config.shutdown_grace;
+    let served = match finished {
+        Some(result) => result,
+        None => match tokio::time::timeout_at(hard_stop, &mut server).await {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::warn!(
+                    grace = ?config.shutdown_grace,
+                    "connections still open after the grace period; closing them"
+                );
+                Ok(())
+            }
+        },
+    };
+    // Operations that outlived their connection still record their outcome, by the hard stop.
+    if tokio::time::timeout_at(hard_stop, orchestrator.drain())
+        .await
+        .is_err()
+    {
+        tracing::warn!("orders still in flight at the hard stop; the worker finishes them");
+    }
     stop_worker.cancel();
-    if let Err(e) = worker_task.await {
-        tracing::error!(error = %e, "worker task failed");
+    warm_up.abort();
+    // The worker's attempts in flight end by their own timeout; at the latest by the hard stop
+    // (a lease, not this process, is what hands a job over: another replica takes it then). An
+    // idle worker gets the moment it needs to see its stop even when the hard stop has passed.
+    let worker_until = hard_stop.max(Instant::now() + WORKER_STOP_SLACK);
+    match tokio::time::timeout_at(worker_until, worker_task).await {
+        Ok(Err(e)) => tracing::error!(error = %e, "worker task failed"),
+        Ok(Ok(())) => {}
+        Err(_) => tracing::warn!("worker attempts still running at the hard stop; dropped"),
     }
     if let Err(e) = watch.await {
         tracing::error!(error = %e, "store watch failed");
@@ -287,7 +349,8 @@ pub struct Running {
 
 impl Running {
     /// Starts serving on `listener` in the background, once the store has proved it takes
-    /// writes.
+    /// writes; returns once every downstream has been tried (ready, unless the store stopped
+    /// taking writes meanwhile).
     pub async fn start(
         listener: TcpListener,
         config: Arc<Config>,
@@ -305,9 +368,29 @@ impl Running {
             .map_err(ServerError::LocalAddr)?;
         // Probed here, so a store that takes no writes fails `start` itself.
         probe(store.as_ref()).await?;
-        let task = tokio::spawn(serve_probed(listener, admin, config, store, async move {
-            signal.cancelled().await
-        }));
+        let readiness = Arc::new(Readiness::default());
+        let mut task = tokio::spawn(serve_probed(
+            listener,
+            admin,
+            config,
+            store,
+            Arc::clone(&readiness),
+            async move { signal.cancelled().await },
+            // Stopped by its owner, not a signal: no load balancer needs time to notice.
+            Duration::ZERO,
+        ));
+        // Returns once ready, as a warm replica, unless the server fails first.
+        tokio::select! {
+            () = readiness.downstreams_tried_wait() => {}
+            ended = &mut task => {
+                return match ended {
+                    Ok(Ok(())) => Err(ServerError::Join("stopped before it was ready".into())),
+                    Ok(Err(e)) => Err(e),
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    Err(e) => Err(ServerError::Join(e.to_string())),
+                };
+            }
+        }
         Ok(Self {
             addr,
             admin_addr,
@@ -333,7 +416,8 @@ impl Running {
         format!("{scheme}://{}", self.addr)
     }
 
-    /// Shuts down gracefully and waits; re-raises a panic of the server task.
+    /// Shuts down gracefully and waits; re-raises a panic of the server task. Unlike a signal
+    /// to `serve`, there is no `server.drain_delay`: new connections are refused at once.
     pub async fn stop(self) -> Result<(), ServerError> {
         self.shutdown.cancel();
         match self.task.await {

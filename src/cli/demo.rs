@@ -48,6 +48,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..Config::default()
     };
     config.store.data_dir = args.data_dir.clone();
+    // No load balancer in front of a demo: Ctrl-C stops accepting at once.
+    config.server.drain_delay = std::time::Duration::ZERO;
     config.tls = args.tls.config();
     config.validate()?;
     let config = Arc::new(config);

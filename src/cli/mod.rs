@@ -4,6 +4,8 @@
 
 mod bench;
 mod demo;
+mod health;
+mod migrate;
 mod place;
 mod serve;
 pub mod signal;
@@ -57,6 +59,10 @@ enum Command {
     /// `checkout-bench scenario`).
     #[command(disable_help_flag = true)]
     Scenario(bench::Forwarded),
+    /// Ask a server's grpc.health.v1 once: print the status, exit 0 on SERVING, 1 otherwise.
+    Health(health::HealthArgs),
+    /// Apply the store's schema migrations (SQLite or PostgreSQL) and exit.
+    Migrate(migrate::MigrateArgs),
 }
 
 /// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
@@ -71,7 +77,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         | Command::Loadgen(_)
         | Command::Bare(_)
         | Command::OtlpSink(_)
-        | Command::Scenario(_) => None,
+        | Command::Scenario(_)
+        | Command::Health(_)
+        | Command::Migrate(_) => None,
     };
     // The servers log how late their runtime and an OS thread wake (see `checkout_telemetry::stall`).
     let _stalls = match &cli.command {
@@ -88,6 +96,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bare(args) => bench::run("bare", args),
         Command::OtlpSink(args) => bench::run("otlp-sink", args),
         Command::Scenario(args) => bench::run("scenario", args),
+        Command::Health(args) => health::run(args).await,
+        Command::Migrate(args) => migrate::run(args).await,
     };
     if let Some(telemetry) = telemetry {
         telemetry.shutdown().await;

@@ -8,7 +8,9 @@ use tonic::metadata::MetadataMap;
 use super::{Deadline, DeadlineSource, epoch_ms, grpc_timeout};
 use crate::config::DeadlinePolicy;
 
-pub use checkout_proto::metadata::{GRPC_TIMEOUT, REQUEST_DEADLINE_MS, X_REQUEST_DEADLINE};
+pub use checkout_proto::metadata::{
+    GRPC_TIMEOUT, REQUEST_DEADLINE_MS, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, X_REQUEST_DEADLINE,
+};
 
 /// A deadline header that cannot be trusted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,6 +68,13 @@ pub fn ingest_at(
             .saturating_sub(policy.request_deadline_ms_reserve)
             .min(policy.server_budget_max);
         consider(effective, DeadlineSource::RequestDeadlineMs);
+    }
+    if let Some(raw) = single(metadata, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS)? {
+        let ms = non_negative_integer(X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, raw)?;
+        consider(
+            Duration::from_millis(ms),
+            DeadlineSource::EnvoyExpectedRqTimeout,
+        );
     }
 
     let (budget, source) = best.unwrap_or((policy.server_budget_max, DeadlineSource::Default));
@@ -190,6 +199,56 @@ mod tests {
         assert_eq!(d.source(), DeadlineSource::RequestDeadlineMs);
     }
 
+    /// Envoy's route timeout is read as relative milliseconds with no reserve taken off, is
+    /// capped at the server budget, and names itself as the source when it wins.
+    #[test]
+    fn envoy_expected_rq_timeout_is_a_relative_deadline_capped_at_the_server_budget() {
+        let d = run(&[(X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, "500")]).expect("ok");
+        assert_eq!(
+            (d.granted(), d.source()),
+            (
+                Duration::from_millis(500),
+                DeadlineSource::EnvoyExpectedRqTimeout
+            )
+        );
+        assert_eq!(d.source().as_str(), "x-envoy-expected-rq-timeout-ms");
+        assert_eq!(d.forward_epoch_ms(), 1_800_000_000_500);
+        let capped = run(&[(X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, "15000")]).expect("ok");
+        assert_eq!(capped.granted(), Duration::from_millis(2400));
+    }
+
+    /// A proxy's timeout only ever shortens the caller's deadline: an earlier caller deadline
+    /// still wins over a longer route timeout, and a shorter route timeout wins over it.
+    #[test]
+    fn envoy_expected_rq_timeout_can_only_shorten_the_deadline() {
+        let longer = run(&[
+            (GRPC_TIMEOUT, "300m"),
+            (X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, "1000"),
+        ])
+        .expect("ok");
+        assert_eq!(
+            (longer.granted(), longer.source()),
+            (Duration::from_millis(300), DeadlineSource::GrpcTimeout)
+        );
+        let shorter = run(&[
+            (X_REQUEST_DEADLINE, "1800000002000"),
+            (X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, "700"),
+        ])
+        .expect("ok");
+        assert_eq!(
+            (shorter.granted(), shorter.source()),
+            (
+                Duration::from_millis(700),
+                DeadlineSource::EnvoyExpectedRqTimeout
+            )
+        );
+        assert_eq!(
+            shorter.forward_epoch_ms(),
+            1_800_000_002_000,
+            "the caller's absolute deadline is still forwarded unchanged"
+        );
+    }
+
     #[test]
     fn the_earliest_source_wins() {
         let d = run(&[
@@ -229,6 +288,10 @@ mod tests {
             (X_REQUEST_DEADLINE, "99999999999999999999"),
             (REQUEST_DEADLINE_MS, "1.5"),
             (REQUEST_DEADLINE_MS, ""),
+            (X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, "15s"),
+            (X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, "-1"),
+            (X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, ""),
+            (X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, "99999999999999999999"),
         ] {
             let err = run(&[(header, value)]).expect_err(value);
             assert_eq!(err.header, header, "{value}");
@@ -239,17 +302,19 @@ mod tests {
 
     proptest! {
         #[test]
-        fn granted_never_exceeds_the_cap_or_any_source(t in 0u64..100_000, x in 0i64..100_000, r in 0u64..100_000) {
+        fn granted_never_exceeds_the_cap_or_any_source(t in 0u64..100_000, x in 0i64..100_000, r in 0u64..100_000, e in 0u64..100_000) {
             let d = run(&[
                 (GRPC_TIMEOUT, &format!("{t}m")),
                 (X_REQUEST_DEADLINE, &(1_800_000_000_000 + x).to_string()),
                 (REQUEST_DEADLINE_MS, &r.to_string()),
+                (X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, &e.to_string()),
             ]).expect("valid");
             let g = d.granted();
             prop_assert!(g <= Duration::from_millis(2400));
             prop_assert!(g <= Duration::from_millis(t));
             prop_assert!(g <= Duration::from_millis(x.unsigned_abs()));
             prop_assert!(g <= Duration::from_millis(r));
+            prop_assert!(g <= Duration::from_millis(e));
         }
 
         #[test]

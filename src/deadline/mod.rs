@@ -9,7 +9,8 @@ pub use checkout_proto::grpc_timeout;
 pub use checkout_proto::metadata::{epoch_ms, now_ms};
 
 pub use ingest::{
-    GRPC_TIMEOUT, IngestError, REQUEST_DEADLINE_MS, X_REQUEST_DEADLINE, ingest, ingest_at,
+    GRPC_TIMEOUT, IngestError, REQUEST_DEADLINE_MS, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+    X_REQUEST_DEADLINE, ingest, ingest_at,
 };
 
 /// Which inbound source set the deadline.
@@ -21,6 +22,8 @@ pub enum DeadlineSource {
     XRequestDeadline,
     /// `request-deadline-ms`: relative milliseconds, ADR-0007 clamp.
     RequestDeadlineMs,
+    /// `x-envoy-expected-rq-timeout-ms`: relative milliseconds, set by an Envoy in front.
+    EnvoyExpectedRqTimeout,
     /// None was sent: `server_budget_max`.
     Default,
 }
@@ -32,6 +35,7 @@ impl DeadlineSource {
             Self::GrpcTimeout => "grpc-timeout",
             Self::XRequestDeadline => "x-request-deadline",
             Self::RequestDeadlineMs => "request-deadline-ms",
+            Self::EnvoyExpectedRqTimeout => "x-envoy-expected-rq-timeout-ms",
             Self::Default => "default",
         }
     }

@@ -1,7 +1,8 @@
 //! Clients of the four downstream services.
 //!
-//! Channels are built once at start (lazily connected, per-service connect timeouts from config)
-//! and shared by every request and the worker. The generated clients are private: the only way
+//! Channels are built once at start (per-service connect timeouts from config), connected
+//! eagerly by [`Downstreams::warm_up`] before the process reports ready, and shared by every
+//! request and the worker. The generated clients are private: the only way
 //! to call a downstream is a method here that takes a [`ChildBudget`], so every call carries
 //! `grpc-timeout` and `x-request-deadline`, stops waiting when its budget ends, and is dropped
 //! (RST_STREAM) the moment its [`CancellationToken`] fires.
@@ -58,6 +59,18 @@ pub enum AddressError {
     /// tonic refused the TLS settings.
     #[error("downstream TLS: {0}")]
     Transport(#[from] tonic::transport::Error),
+}
+
+/// The services of [`Downstreams`]' channels, in their order.
+const SERVICES: [&str; 4] = ["cart", "fraud", "inventory", "wallet"];
+
+/// What [`Downstreams::warm_up`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WarmUp {
+    /// The services whose channel is connected.
+    pub connected: Vec<&'static str>,
+    /// The services that could not be reached; their calls reconnect on their own.
+    pub unreachable: Vec<&'static str>,
 }
 
 /// The hedging of each duplicate-safe step; `None` where the step does not hedge
@@ -174,28 +187,57 @@ impl Downstreams {
 
     /// Connects every channel (TCP, TLS and HTTP/2 handshakes) before the first order needs it,
     /// so no order pays for them out of its budget: one `grpc.health.v1.Health/Check` per
-    /// service (any answer, even UNIMPLEMENTED, means the connection is up), waiting at most
-    /// `within` in all. A downstream that cannot be reached is only logged: every call
-    /// reconnects on its own.
-    pub async fn warm_up(&self, within: std::time::Duration) {
-        let checks = self.channels.iter().map(|channel| {
-            let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-            async move {
-                let request = tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                };
-                match tokio::time::timeout(within, health.check(request)).await {
-                    Err(_) => {
-                        tracing::warn!(?within, "a downstream did not answer its warm-up in time")
+    /// service (any answer, even UNIMPLEMENTED, means the connection is up). Each TCP connect
+    /// gives up after its step's connect timeout (the channel's own); the whole check, at most
+    /// `within`. A downstream that cannot be reached is only logged: every call reconnects on
+    /// its own.
+    pub async fn warm_up(&self, within: std::time::Duration) -> WarmUp {
+        let checks = self
+            .channels
+            .iter()
+            .zip(SERVICES)
+            .map(|(channel, service)| {
+                let mut health =
+                    tonic_health::pb::health_client::HealthClient::new(channel.clone());
+                async move {
+                    let request = tonic_health::pb::HealthCheckRequest {
+                        service: String::new(),
+                    };
+                    match tokio::time::timeout(within, health.check(request)).await {
+                        Err(_) => {
+                            tracing::warn!(
+                                service,
+                                ?within,
+                                "a downstream did not answer its warm-up in time"
+                            );
+                            (service, false)
+                        }
+                        // Anything the transport says rather than a server: not connected.
+                        Ok(Err(status))
+                            if matches!(
+                                status.code(),
+                                tonic::Code::Unavailable
+                                    | tonic::Code::Cancelled
+                                    | tonic::Code::DeadlineExceeded
+                                    | tonic::Code::Unknown
+                            ) =>
+                        {
+                            tracing::warn!(service, %status, "a downstream is not reachable yet");
+                            (service, false)
+                        }
+                        Ok(_) => (service, true),
                     }
-                    Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
-                        tracing::warn!(%status, "a downstream is not reachable yet")
-                    }
-                    Ok(_) => {}
                 }
+            });
+        let mut found = WarmUp::default();
+        for (service, connected) in futures::future::join_all(checks).await {
+            if connected {
+                found.connected.push(service);
+            } else {
+                found.unreachable.push(service);
             }
-        });
-        futures::future::join_all(checks).await;
+        }
+        found
     }
 
     /// The bulkheads and breakers, for metrics.

@@ -1,11 +1,14 @@
 //! The real `checkout` binary as a process: a SIGKILL in the middle of a few hundred orders
 //! (restarted on the same SQLite file, every order is accounted for through GetOrder and the
 //! stubs' effect log — nothing lost, nothing stuck, at most one hold and one capture per
-//! reference, no capture for anything DECLINED), and a SIGTERM that lets in-flight orders finish.
+//! reference, no capture for anything DECLINED), a SIGTERM that lets in-flight orders finish
+//! after a drain delay a load balancer can follow, readiness that waits for the downstream
+//! connections, and the `health` and `migrate` commands an image runs.
 
 use crate::common;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +53,27 @@ async fn spawn_serve_logging(
     log: &std::path::Path,
     rust_log: &str,
 ) -> (Child, String) {
+    let served = spawn_serve_full(args, log, rust_log).await;
+    (served.child, served.uri)
+}
+
+/// A `checkout serve` process started by [`spawn_serve_full`].
+struct Served {
+    child: Child,
+    /// `http://host:port`.
+    uri: String,
+    /// `host:port`, as `checkout health --addr` takes it.
+    addr: String,
+    /// The admin port (`/metrics`, `/healthz`, `/readyz`).
+    admin: SocketAddr,
+}
+
+/// [`spawn_serve_logging`], returning the admin address too, once serve announced both.
+async fn spawn_serve_full(
+    args: &[&std::ffi::OsStr],
+    log: &std::path::Path,
+    rust_log: &str,
+) -> Served {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -73,19 +97,106 @@ async fn spawn_serve_logging(
         .expect("spawn checkout serve");
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+    let mut next_line = async || {
+        tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("serve announced its addresses in time")
+            .unwrap()
+            .expect("a line on stdout")
+    };
+    let addr = next_line()
         .await
-        .expect("serve announced its address in time")
-        .unwrap()
-        .expect("a line on stdout");
-    let addr = line
         .strip_prefix("checkout serving on ")
         .expect("the address line")
         .trim()
         .to_owned();
+    let admin = loop {
+        if let Some(rest) = next_line().await.strip_prefix("checkout admin on ") {
+            break rest
+                .split_whitespace()
+                .next()
+                .and_then(|a| a.parse().ok())
+                .expect("the admin address");
+        }
+    };
     // Keep reading stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, format!("http://{addr}"))
+    Served {
+        child,
+        uri: format!("http://{addr}"),
+        addr,
+        admin,
+    }
+}
+
+/// `checkout health --addr ADDR` with `args`: whether it exited 0, and the status it printed.
+async fn health(addr: &str, args: &[&std::ffi::OsStr]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["health", "--addr", addr])
+        .args(args)
+        .output()
+        .await
+        .expect("run checkout health");
+    let printed = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (out.status.success(), printed)
+}
+
+/// Polls `checkout health` at `addr` until it exits 0 (SERVING).
+async fn until_serving(addr: &str) {
+    let every = Duration::from_millis(50);
+    poll_until(
+        "checkout health",
+        Duration::from_secs(30),
+        every,
+        || health(addr, &[]),
+        |(ok, _)| *ok,
+    )
+    .await;
+}
+
+/// Sends SIGTERM to `child`, as a container runtime stopping it does.
+fn sigterm(child: &Child) {
+    let pid = child.id().expect("running").to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -TERM {pid}");
+}
+
+/// A config file holding `toml` in `dir`.
+fn config_file(dir: &std::path::Path, toml: &str) -> std::path::PathBuf {
+    let path = dir.join("checkout.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// A port on 127.0.0.1 that is bound but not listening: connections to it are refused until
+/// the socket listens (nothing else can take the port meanwhile).
+fn unlistened_port() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
+}
+
+/// A TCP proxy to `target` that holds each new connection for `delay` before passing its bytes
+/// on: a downstream whose connections take that long to set up (a cold TLS handshake, a slow
+/// path), whose calls are quick once connected.
+async fn slow_to_connect(target: SocketAddr, delay: Duration) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    addr
 }
 
 /// Runs `checkout serve` with `args`, which must refuse to start; returns what it said on
@@ -348,8 +459,8 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
     stubs.stop().await;
 }
 
-/// SIGTERM stops accepting connections but lets an order in flight finish within its own
-/// deadline; then the process exits cleanly.
+/// SIGTERM (with `server.drain_delay` 0) stops accepting connections but lets an order in
+/// flight finish within its own deadline; then the process exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
     let stubs = start_stubs().await;
@@ -367,12 +478,18 @@ async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
         )
         .await;
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, uri) = spawn_serve(
-        &stubs.uri(),
-        &dir.path().join("data"),
-        &dir.path().join("serve.log"),
-    )
-    .await;
+    // Without a drain delay, connections are refused from the signal on.
+    let config = config_file(dir.path(), "[server]\ndrain_delay = \"0s\"\n");
+    let (downstream, data) = (stubs.uri(), dir.path().join("data"));
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ];
+    let (mut child, uri) = spawn_serve_with(&args, &dir.path().join("serve.log")).await;
     let client = CheckoutServiceClient::connect(uri.clone()).await.unwrap();
     let in_flight = tokio::spawn(async move {
         let mut request = with_timeout(order("graceful", "cart-7"), Duration::from_secs(2));
@@ -732,4 +849,423 @@ fn measuring_commands_hand_over_to_checkout_bench_beside_the_binary() {
             format!("{command} {}", args.join(" "))
         );
     }
+}
+
+/// SIGTERM with `server.drain_delay` 2 s: at once health is NOT_SERVING (`checkout health`
+/// exits non-zero) and `/readyz` 503, while new connections and orders are still served — an
+/// order sent after the signal is CONFIRMED; only after the delay are new connections refused,
+/// and the process exits then, without waiting for the grace period it did not need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_turns_health_not_serving_at_once_and_serves_new_orders_through_the_drain_delay() {
+    const DRAIN_DELAY: Duration = Duration::from_secs(2);
+    const GRACE: Duration = Duration::from_secs(5);
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        "shutdown_grace = \"5s\"\n[server]\ndrain_delay = \"2s\"\n",
+    );
+    let (downstream, data) = (stubs.uri(), dir.path().join("data"));
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ];
+    let mut served = spawn_serve_full(&args, &dir.path().join("serve.log"), "warn").await;
+    until_serving(&served.addr).await;
+    assert_eq!(
+        common::http::get(served.admin, "/readyz").await,
+        (200, "ready\n".to_owned())
+    );
+
+    let signalled = Instant::now();
+    sigterm(&served.child);
+    // A fresh connection that is told NOT_SERVING proves both: health turned, and the listener
+    // still accepts.
+    let every = Duration::from_millis(20);
+    let (exited_zero, _) = poll_until(
+        "health after SIGTERM",
+        DRAIN_DELAY,
+        every,
+        || health(&served.addr, &[]),
+        |(_, printed)| printed == "NOT_SERVING",
+    )
+    .await;
+    assert!(
+        !exited_zero,
+        "checkout health exits non-zero on NOT_SERVING"
+    );
+    let (status, body) = poll_until(
+        "/readyz after SIGTERM",
+        DRAIN_DELAY,
+        every,
+        || common::http::get(served.admin, "/readyz"),
+        |(status, _)| *status == 503,
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (503, "draining\n"));
+
+    let mut client = CheckoutServiceClient::connect(served.uri.clone())
+        .await
+        .expect("new connections are accepted during the drain delay");
+    let connected = signalled.elapsed();
+    let placed = client
+        .place_order(with_timeout(
+            order("during-drain", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order sent during the drain delay is served")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    assert!(
+        connected < DRAIN_DELAY,
+        "connected {connected:?} after SIGTERM"
+    );
+
+    let (_, printed) = poll_until(
+        "health after the drain delay",
+        DRAIN_DELAY + GRACE,
+        every,
+        || health(&served.addr, &[]),
+        |(_, printed)| printed == "UNREACHABLE",
+    )
+    .await;
+    assert_eq!(printed, "UNREACHABLE");
+    let refused = signalled.elapsed();
+    assert!(
+        refused >= DRAIN_DELAY,
+        "connections refused {refused:?} after SIGTERM, before the drain delay ended"
+    );
+    let exit = tokio::time::timeout(DRAIN_DELAY + GRACE, served.child.wait())
+        .await
+        .expect("exits after the drain")
+        .unwrap();
+    let exited = signalled.elapsed();
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        exited >= DRAIN_DELAY && exited < DRAIN_DELAY + GRACE,
+        "exited {exited:?} after SIGTERM: the delay, then nothing left in flight to wait for"
+    );
+    stubs.stop().await;
+}
+
+/// Downstreams whose new connections take 400 ms to set up (more than cart's 300 ms cap): serve
+/// says SERVING only once its channels are connected, so the very first order it is sent, right
+/// then, is CONFIRMED as on a warm replica — not declined for the connection it would have had
+/// to make.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_serve_confirms_its_first_order_as_soon_as_health_says_serving() {
+    let stubs = start_stubs().await;
+    let slow = slow_to_connect(stubs.addr(), Duration::from_millis(400)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (downstream, data) = (slow.to_string(), dir.path().join("data"));
+    let args = [
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ];
+    let mut served = spawn_serve_full(&args, &dir.path().join("serve.log"), "warn").await;
+    until_serving(&served.addr).await;
+    let mut client = CheckoutServiceClient::connect(served.uri.clone())
+        .await
+        .unwrap();
+    let first = client
+        .place_order(with_timeout(
+            order("first", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(
+        (first.status(), first.reason.as_str()),
+        (OrderStatus::Confirmed, ""),
+        "{first:?}"
+    );
+    served.child.start_kill().unwrap();
+    served.child.wait().await.unwrap();
+    stubs.stop().await;
+}
+
+/// With nothing listening at the downstream address yet, serve still turns SERVING — a down
+/// downstream must not keep a replica out of rotation — but only after each channel's connect
+/// attempt has run (each is in the log by then); once the downstream listens, orders confirm
+/// without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_downstream_listening_health_is_serving_only_after_the_connect_attempts() {
+    let (socket, downstream) = unlistened_port();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let (downstream_arg, data) = (downstream.to_string(), dir.path().join("data"));
+    let args = [
+        "--downstream".as_ref(),
+        downstream_arg.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ];
+    let mut served = spawn_serve_full(&args, &log, "warn").await;
+    until_serving(&served.addr).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    for service in ["cart", "fraud", "inventory", "wallet"] {
+        assert!(
+            text.lines().any(|l| l.contains("not reachable yet")
+                && l.contains(&format!("service=\"{service}\""))),
+            "no connect attempt to {service} before SERVING: {text}"
+        );
+    }
+
+    let stubs = checkout_stubs::StubServer::start(socket.listen(1024).unwrap(), Vec::new())
+        .await
+        .unwrap();
+    let mut client = CheckoutServiceClient::connect(served.uri.clone())
+        .await
+        .unwrap();
+    let placed = client
+        .place_order(with_timeout(
+            order("later", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    served.child.start_kill().unwrap();
+    served.child.wait().await.unwrap();
+    stubs.stop().await;
+}
+
+/// `checkout health` exits 0 and prints SERVING against a running serve (the whole server, or
+/// CheckoutService by name, over mutual TLS as an exec probe in a pod would; `/readyz` agrees),
+/// and exits non-zero for a service it does not know, without a client certificate, and with
+/// nothing listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkout_health_exits_zero_only_on_serving() {
+    let (_unlistened, nothing) = unlistened_port();
+    let (ok, printed) = health(&nothing.to_string(), &[]).await;
+    assert_eq!((ok, printed.as_str()), (false, "UNREACHABLE"));
+
+    let stubs = start_stubs().await;
+    let pki = pki::Pki::new();
+    let server = pki.server("server");
+    let client = pki.client_uri("probe", "spiffe://test/probe");
+    let dir = tempfile::tempdir().unwrap();
+    let (downstream, data) = (stubs.uri(), dir.path().join("data"));
+    let args = [
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+        "--tls-cert".as_ref(),
+        server.cert.as_os_str(),
+        "--tls-key".as_ref(),
+        server.key.as_os_str(),
+        "--tls-client-ca".as_ref(),
+        pki.ca().into_os_string().leak() as &std::ffi::OsStr,
+    ];
+    let mut served = spawn_serve_full(&args, &dir.path().join("serve.log"), "warn").await;
+    let ca = pki.ca();
+    let tls = [
+        "--tls-ca".as_ref(),
+        ca.as_os_str(),
+        "--tls-domain".as_ref(),
+        "localhost".as_ref(),
+    ];
+    let mtls = [
+        &tls[..],
+        &[
+            "--tls-cert".as_ref(),
+            client.cert.as_os_str(),
+            "--tls-key".as_ref(),
+            client.key.as_os_str(),
+        ],
+    ]
+    .concat();
+    let every = Duration::from_millis(50);
+    let (ok, printed) = poll_until(
+        "checkout health over mTLS",
+        Duration::from_secs(30),
+        every,
+        || health(&served.addr, &mtls),
+        |(ok, _)| *ok,
+    )
+    .await;
+    assert_eq!((ok, printed.as_str()), (true, "SERVING"));
+    assert_eq!(common::http::get(served.admin, "/readyz").await.0, 200);
+    let by_name = [
+        &mtls[..],
+        &["--service".as_ref(), "checkout.v1.CheckoutService".as_ref()],
+    ]
+    .concat();
+    assert_eq!(
+        health(&served.addr, &by_name).await,
+        (true, "SERVING".to_owned())
+    );
+    let unknown = [&mtls[..], &["--service".as_ref(), "no.Such".as_ref()]].concat();
+    assert_eq!(
+        health(&served.addr, &unknown).await,
+        (false, "SERVICE_UNKNOWN".to_owned())
+    );
+    let (ok, _) = health(&served.addr, &tls).await;
+    assert!(
+        !ok,
+        "a server requiring client certificates refuses a probe without one"
+    );
+    served.child.start_kill().unwrap();
+    served.child.wait().await.unwrap();
+    stubs.stop().await;
+}
+
+/// The migrations of `backend` (`sqlite` or `postgres`) in the source tree, as many as a fresh
+/// database must have applied.
+fn migration_files(backend: &str) -> usize {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/store/migrations")
+        .join(backend);
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension() == Some("sql".as_ref()))
+        .count()
+}
+
+/// `checkout migrate` with `args` (CHECKOUT_DATABASE_URL removed: only `args` choose the
+/// store); panics unless it exits 0 saying the schema is up to date.
+async fn migrate(args: &[&std::ffi::OsStr]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .arg("migrate")
+        .args(args)
+        .env_remove("CHECKOUT_DATABASE_URL")
+        .output()
+        .await
+        .expect("run checkout migrate");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("up to date"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `checkout migrate --data-dir` on a fresh directory creates the SQLite file with every
+/// migration applied (twice in a row is fine), and a serve started on it afterwards serves
+/// orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_on_a_fresh_sqlite_dir_creates_the_schema_and_serve_starts_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("fresh");
+    migrate(&["--data-dir".as_ref(), data.as_os_str()]).await;
+    migrate(&["--data-dir".as_ref(), data.as_os_str()]).await;
+    let db = rusqlite::Connection::open(data.join("checkout.db")).unwrap();
+    let applied: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM _sqlx_migrations WHERE success",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(applied, migration_files("sqlite") as i64);
+    let orders: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'orders'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(orders, 1, "the orders table exists");
+    drop(db);
+
+    let stubs = start_stubs().await;
+    let (mut child, uri) = spawn_serve(&stubs.uri(), &data, &dir.path().join("serve.log")).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let placed = client
+        .place_order(with_timeout(
+            order("migrated", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    stubs.stop().await;
+}
+
+/// `checkout migrate --database-url` on a fresh PostgreSQL database applies every migration;
+/// three started at once all succeed (sqlx's migrator holds an advisory lock for its run, so
+/// they take turns), leaving each migration applied once.
+#[cfg(feature = "postgres-tests")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_applies_the_schema_to_a_fresh_postgres_database_one_migrator_at_a_time() {
+    use sqlx::Connection;
+    let database = pg::TestDatabase::create("checkout_migrate").await;
+    let url = database.url();
+    let args: [&std::ffi::OsStr; 2] = ["--database-url".as_ref(), url.as_ref()];
+    futures::future::join_all((0..3).map(|_| migrate(&args))).await;
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let (applied, versions): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), COUNT(DISTINCT version) FROM _sqlx_migrations WHERE success",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let expected = migration_files("postgres") as i64;
+    assert_eq!((applied, versions), (expected, expected));
+    let (orders,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'orders'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(orders, 1, "the orders table exists");
+    conn.close().await.ok();
+}
+
+/// A client that opened a connection and never sent its HTTP/2 preface (a pool's idle dial)
+/// cannot hold the exit: hyper's graceful shutdown waits for such a connection forever
+/// (hyperium/hyper#4170), so the process ends it at the hard stop, `shutdown_grace` after it
+/// stopped accepting, and exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_speaks_cannot_hold_the_exit_past_the_grace_period() {
+    const GRACE: Duration = Duration::from_secs(1);
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        "shutdown_grace = \"1s\"\n[server]\ndrain_delay = \"0s\"\n",
+    );
+    let (downstream, data, log) = (
+        stubs.uri(),
+        dir.path().join("data"),
+        dir.path().join("serve.log"),
+    );
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+    ];
+    let mut served = spawn_serve_full(&args, &log, "warn").await;
+    until_serving(&served.addr).await;
+    let silent = tokio::net::TcpStream::connect(&served.addr).await.unwrap();
+    sigterm(&served.child);
+    // Without the hard stop it would wait for the silent connection as long as it stays open.
+    let exit = tokio::time::timeout(GRACE + Duration::from_secs(5), served.child.wait())
+        .await
+        .expect("exits by the hard stop")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("worker attempts still running"),
+        "the idle worker stopped cleanly: {text}"
+    );
+    drop(silent);
+    stubs.stop().await;
 }

@@ -2,7 +2,7 @@
 //! admission that fits the whole path, an answer that leaves on time whatever the flow is
 //! doing, a caller who leaves while the decision is written, a key reused after retention,
 //! parking only after a long outage and re-queuing by an operator, compensations that keep
-//! their own retry budget, and the inbound message cap.
+//! their own retry budget, the inbound message cap, and a deadline set by a proxy in front.
 
 use crate::common;
 
@@ -370,5 +370,62 @@ async fn an_oversized_request_is_refused_before_it_is_decoded() {
         Code::NotFound
     );
     assert!(h.stats().await.methods.iter().all(|m| m.received == 0));
+    h.stop().await;
+}
+
+/// A PlaceOrder through an Envoy carries the route timeout as `x-envoy-expected-rq-timeout-ms`:
+/// alone it sets the deadline (500 ms, named as the source); with the caller's own shorter
+/// `grpc-timeout` the caller's wins (the proxy can only shorten a deadline); and a malformed
+/// value is refused INVALID_ARGUMENT with a BadRequest violation naming the header.
+#[tokio::test]
+async fn a_proxy_route_timeout_sets_the_deadline_only_when_it_is_the_earliest() {
+    const ENVOY: &str = "x-envoy-expected-rq-timeout-ms";
+    let h = start().await;
+    let mut client = h.checkout.clone();
+
+    let mut alone = as_client(order("envoy-alone", "cart-29"), "test");
+    alone.metadata_mut().insert(ENVOY, "500".parse().unwrap());
+    let placed = client
+        .place_order(alone)
+        .await
+        .expect("an order")
+        .into_inner();
+    let budget = placed.budget.expect("budget");
+    assert_eq!(
+        (dur(&budget.deadline), budget.deadline_source.as_str()),
+        (Duration::from_millis(500), ENVOY)
+    );
+
+    let mut both = with_timeout(order("envoy-both", "cart-29"), Duration::from_millis(300));
+    both.metadata_mut().insert(ENVOY, "1000".parse().unwrap());
+    let placed = client
+        .place_order(both)
+        .await
+        .expect("an order")
+        .into_inner();
+    let budget = placed.budget.expect("budget");
+    assert_eq!(
+        (dur(&budget.deadline), budget.deadline_source.as_str()),
+        (Duration::from_millis(300), "grpc-timeout")
+    );
+
+    let mut malformed = as_client(order("envoy-bad", "cart-29"), "test");
+    malformed
+        .metadata_mut()
+        .insert(ENVOY, "5s".parse().unwrap());
+    let status = client.place_order(malformed).await.expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let violations = status
+        .get_details_bad_request()
+        .expect("BadRequest")
+        .field_violations;
+    assert!(
+        violations.iter().any(|v| v.field == ENVOY),
+        "{violations:?}"
+    );
+    assert_eq!(
+        h.get_by_key("envoy-bad").await.expect_err("nothing").code(),
+        Code::NotFound
+    );
     h.stop().await;
 }
