@@ -6,7 +6,9 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use serde::Deserialize;
 
 pub use crate::admission::AdmissionPolicy;
-pub use crate::downstream::{BreakerPolicy, HedgePolicy};
+pub use crate::downstream::{
+    BreakerPolicy, DownstreamAddrs, HEDGEABLE, HedgePolicy, StepPolicy, Steps,
+};
 pub use crate::tls::{DownstreamTlsConfig, TlsConfig};
 
 /// Why a configuration was refused.
@@ -150,40 +152,6 @@ impl std::fmt::Display for AdminListen {
     }
 }
 
-/// Addresses of the four downstream services: `host:port` (plain HTTP/2, as `--listen` and
-/// grpcurl take it) or an `http://` URI. Checked by [`Config::validate`]; read through
-/// [`downstream_uri`].
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DownstreamAddrs {
-    /// `cart.v1.CartService`.
-    pub cart: String,
-    /// `fraud.v1.FraudService`.
-    pub fraud: String,
-    /// `inventory.v1.InventoryService`.
-    pub inventory: String,
-    /// `wallet.v1.WalletService`.
-    pub wallet: String,
-}
-
-impl DownstreamAddrs {
-    /// All four services at one address (a `checkout stubs` server).
-    pub fn all_at(uri: &str) -> Self {
-        Self {
-            cart: uri.to_owned(),
-            fraud: uri.to_owned(),
-            inventory: uri.to_owned(),
-            wallet: uri.to_owned(),
-        }
-    }
-}
-
-impl Default for DownstreamAddrs {
-    fn default() -> Self {
-        Self::all_at("127.0.0.1:50052")
-    }
-}
-
 /// SPEC §3: reading and spending the caller's deadline.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -222,87 +190,6 @@ impl Default for DeadlinePolicy {
             fast_fail_floor: Duration::from_millis(100),
             min_to_send: Duration::from_millis(50),
             clock_skew_allowance: Duration::from_millis(5),
-        }
-    }
-}
-
-/// Limits of one downstream step.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StepPolicy {
-    /// The most this step is ever given, whatever the caller has left.
-    #[serde(with = "humantime_serde")]
-    pub cap: Duration,
-    /// TCP connect timeout of the service's channel.
-    #[serde(with = "humantime_serde", default = "default_connect")]
-    pub connect: Duration,
-    /// What this step needs at least; earlier steps leave this much for it.
-    #[serde(with = "humantime_serde", default = "default_min_budget")]
-    pub min_budget: Duration,
-    /// Bulkhead: calls of this step in flight at once (request path and worker together); one
-    /// more is refused at once, not sent, and counts as the service being unavailable.
-    #[serde(default = "default_max_concurrency")]
-    pub max_concurrency: usize,
-    /// Send one backup call when the first is slower than `hedge.percentile` of recent calls.
-    /// Only duplicate-safe steps may hedge (cart, fraud, wallet_lookup, where it is the
-    /// default); unset means the step's default.
-    #[serde(default)]
-    pub hedge: Option<bool>,
-}
-
-/// Room for a step's calls at the seed's peak through a pause as long as its cap, plus the
-/// worker: by Little's law 1,100/s × `cap` calls are in flight when the downstream (or this
-/// process) pauses for `cap`, up to 880 for `wallet_hold` (800 ms), and the worker adds up to
-/// `worker.concurrency`. With 128, a 120 ms pause of the stubs at 1,100/s filled the bulkhead
-/// and declined orders `*_UNAVAILABLE` that would have been answered within their budget.
-fn default_max_concurrency() -> usize {
-    1024
-}
-
-fn default_connect() -> Duration {
-    Duration::from_millis(50)
-}
-
-fn default_min_budget() -> Duration {
-    Duration::from_millis(50)
-}
-
-impl StepPolicy {
-    fn new(cap_ms: u64, connect_ms: u64) -> Self {
-        Self {
-            cap: Duration::from_millis(cap_ms),
-            connect: Duration::from_millis(connect_ms),
-            min_budget: default_min_budget(),
-            max_concurrency: default_max_concurrency(),
-            hedge: None,
-        }
-    }
-}
-
-/// One [`StepPolicy`] per step of the flow.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Steps {
-    /// `cart.FreezeCart`.
-    pub cart: StepPolicy,
-    /// `fraud.Score`.
-    pub fraud: StepPolicy,
-    /// `inventory.Reserve`.
-    pub inventory: StepPolicy,
-    /// `wallet.Hold`; its `connect` is the wallet channel's.
-    pub wallet_hold: StepPolicy,
-    /// `wallet.LookupByReference` after an ambiguous hold; shares the wallet channel.
-    pub wallet_lookup: StepPolicy,
-}
-
-impl Default for Steps {
-    fn default() -> Self {
-        Self {
-            cart: StepPolicy::new(300, 50),
-            fraud: StepPolicy::new(450, 50),
-            inventory: StepPolicy::new(150, 50),
-            wallet_hold: StepPolicy::new(800, 200),
-            wallet_lookup: StepPolicy::new(300, 200),
         }
     }
 }
@@ -602,6 +489,18 @@ impl Config {
         Ok(config)
     }
 
+    /// What the downstream clients are built from.
+    pub fn downstream_settings(&self) -> crate::downstream::Settings<'_> {
+        crate::downstream::Settings {
+            addrs: &self.downstream,
+            tls: self.downstream_tls.as_ref(),
+            steps: &self.steps,
+            breaker: &self.breaker,
+            hedge: &self.hedge,
+            min_to_send: self.deadline.min_to_send,
+        }
+    }
+
     /// The least time a request must have left to be admitted (SPEC §10):
     /// max(`fast_fail_floor` + `return_reserve`, the shortest path). The shortest path is the
     /// reserves (`return_reserve` + `record_reserve`) plus every stage's `min_budget` (cart,
@@ -683,7 +582,8 @@ impl Config {
             }
         }
         for (key, addr) in self.downstream.named() {
-            downstream_uri(key, addr, self.downstream_tls.is_some())?;
+            crate::downstream::downstream_uri(key, addr, self.downstream_tls.is_some())
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         }
         if let Some(url) = &self.store.database_url
             && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
@@ -908,83 +808,6 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-impl DownstreamAddrs {
-    /// Every service with its config key.
-    pub fn named(&self) -> [(&'static str, &str); 4] {
-        [
-            ("downstream.cart", &self.cart),
-            ("downstream.fraud", &self.fraud),
-            ("downstream.inventory", &self.inventory),
-            ("downstream.wallet", &self.wallet),
-        ]
-    }
-}
-
-/// The URI of a downstream address given under `key`: `host:port` means `http://host:port`;
-/// an `http://host[:port]` URI is taken as it is, and an `https://` one when `tls` (a
-/// `[downstream_tls]` section) is configured. Anything else is refused with a message naming
-/// the key, so a typo stops the start instead of declining every order.
-pub fn downstream_uri(key: &str, addr: &str, tls: bool) -> Result<http::Uri, ConfigError> {
-    let refuse = |why: &str| {
-        Err(ConfigError::Invalid(format!(
-            "{key} = {addr:?}: {why}; expected host:port (e.g. 127.0.0.1:50052) or http://host:port"
-        )))
-    };
-    let text = if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
-    };
-    let Ok(uri) = text.parse::<http::Uri>() else {
-        return refuse("not an address");
-    };
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") if tls => {}
-        Some("https") => {
-            return refuse(
-                "https:// needs a [downstream_tls] section (ca, cert, key), which is not set",
-            );
-        }
-        _ => return refuse("the scheme must be http or https"),
-    }
-    let Some(authority) = uri.authority() else {
-        return refuse("no host");
-    };
-    if authority.host().is_empty() || (!addr.contains("://") && authority.port().is_none()) {
-        return refuse("no port");
-    }
-    if uri.path() != "/" && !uri.path().is_empty() {
-        return refuse("a path is not allowed");
-    }
-    Ok(uri)
-}
-
-/// The steps whose calls are safe to send twice (the same reference makes the same answer)
-/// and so may hedge, hedging by default.
-pub const HEDGEABLE: [&str; 3] = ["cart", "fraud", "wallet_lookup"];
-
-impl Steps {
-    /// Whether the step named `name` hedges: its `hedge` key, else true for the hedgeable steps.
-    pub fn hedges(&self, name: &str) -> bool {
-        let policy = self.named().into_iter().find(|(n, _)| *n == name);
-        policy
-            .and_then(|(_, p)| p.hedge)
-            .unwrap_or(HEDGEABLE.contains(&name))
-    }
-
-    /// Every step with its config name.
-    pub fn named(&self) -> [(&'static str, &StepPolicy); 5] {
-        [
-            ("cart", &self.cart),
-            ("fraud", &self.fraud),
-            ("inventory", &self.inventory),
-            ("wallet_hold", &self.wallet_hold),
-            ("wallet_lookup", &self.wallet_lookup),
-        ]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1015,7 +838,8 @@ mod tests {
             ("[::1]:50052", "http://[::1]:50052/"),
             ("http://127.0.0.1:50052", "http://127.0.0.1:50052/"),
         ] {
-            let parsed = downstream_uri("downstream.cart", given, false).expect(given);
+            let parsed =
+                crate::downstream::downstream_uri("downstream.cart", given, false).expect(given);
             assert_eq!(parsed.to_string(), uri);
         }
         for bad in [
@@ -1025,7 +849,7 @@ mod tests {
             "http://x:1/path",
             "not an address",
         ] {
-            let err = downstream_uri("downstream.cart", bad, false)
+            let err = crate::downstream::downstream_uri("downstream.cart", bad, false)
                 .expect_err(bad)
                 .to_string();
             assert!(err.contains("downstream.cart"), "{err}");
