@@ -1,5 +1,9 @@
 //! Configuration: every policy number of the service, with the defaults of SPEC §8, loaded from
 //! TOML and validated before any port is bound.
+//!
+//! Every key of every table is optional, and a key left out keeps its table's default: each
+//! table is read over its own defaults, key by key (each `[steps.<step>]` over that step's
+//! own). Unknown keys are refused, so a misspelt key stops the start instead of being ignored.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -47,7 +51,7 @@ pub struct Config {
     pub downstream: DownstreamAddrs,
     /// How the caller's deadline is read and spent.
     pub deadline: DeadlinePolicy,
-    /// Per-step caps, connect timeouts and minimum budgets.
+    /// Per-step caps, connect timeouts, minimum budgets, bulkheads and hedging.
     pub steps: Steps,
     /// What to do when fraud cannot answer in time.
     pub fraud: FraudPolicy,
@@ -574,7 +578,7 @@ impl Config {
                 step.max_concurrency,
             )
             .map_err(ConfigError::Invalid)?;
-            if step.hedge == Some(true) && !HEDGEABLE.contains(&name) {
+            if step.hedge && !HEDGEABLE.contains(&name) {
                 return bad(format!(
                     "steps.{name}.hedge = true: {name} is not safe to send twice; only {} may hedge",
                     HEDGEABLE.join(", ")
@@ -943,11 +947,229 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_contradictions_are_refused() {
-        let unknown: Result<Config, _> = toml::from_str("[deadline]\nserver_budget = \"1s\"\n");
-        assert!(unknown.is_err());
+        for unknown in [
+            "[deadline]\nserver_budget = \"1s\"\n",
+            "[steps.fraud]\ncaps = \"1s\"\n",
+            "[steps.payment]\ncap = \"1s\"\n",
+            "[steps]\ncap = \"1s\"\n",
+        ] {
+            let refused = toml::from_str::<Config>(unknown).expect_err(unknown);
+            assert!(refused.message().contains("unknown field"), "{refused}");
+        }
         let mut c = Config::default();
         c.steps.cart.connect = Duration::from_millis(400);
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("steps.cart.connect"), "{err}");
+    }
+
+    /// Loads `text` as a config file would be: parsed, then validated.
+    fn load_str(text: &str) -> Config {
+        let config: Config = toml::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        config.validate().unwrap_or_else(|e| panic!("{text}: {e}"));
+        config
+    }
+
+    /// The names serde lists after "expected" in an unknown-field error: the keys the table
+    /// that refused `text` has, taken from the code rather than written out here.
+    fn keys_of_the_table_refusing(text: &str) -> Vec<String> {
+        let refused = toml::from_str::<Config>(text).expect_err(text);
+        let (_, expected) = refused
+            .message()
+            .split_once("expected")
+            .expect("an unknown-field error lists the keys");
+        expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The step of `steps` named `name`, to change.
+    fn step_mut<'a>(steps: &'a mut Steps, name: &str) -> &'a mut StepPolicy {
+        match name {
+            "cart" => &mut steps.cart,
+            "fraud" => &mut steps.fraud,
+            "inventory" => &mut steps.inventory,
+            "wallet_hold" => &mut steps.wallet_hold,
+            "wallet_lookup" => &mut steps.wallet_lookup,
+            other => panic!("no step {other}"),
+        }
+    }
+
+    /// One case of [`every_table_given_with_one_key_keeps_the_defaults_of_the_others`].
+    struct Case {
+        /// The table it covers (`steps.cart`, `worker`, or a top-level key).
+        table: String,
+        /// A file giving one key of it.
+        text: String,
+        /// What that key changes in the defaults.
+        set: Box<dyn Fn(&mut Config)>,
+    }
+
+    fn case(table: &str, text: &str, set: impl Fn(&mut Config) + 'static) -> Case {
+        Case {
+            table: table.to_owned(),
+            text: text.to_owned(),
+            set: Box::new(set),
+        }
+    }
+
+    /// A step's other keys are its own defaults, not another step's: `[steps.wallet_hold]` with
+    /// only `cap` keeps the wallet's 200 ms connect timeout, `[steps.fraud]` with only
+    /// `hedge = false` loads (a cap is not required) and keeps fraud's 450 ms cap.
+    #[test]
+    fn a_step_table_with_one_key_keeps_that_steps_defaults_for_the_others() {
+        let defaults = Steps::default();
+        let wallet = load_str("[steps.wallet_hold]\ncap = \"800ms\"\n").steps;
+        assert_eq!(wallet.wallet_hold.connect, Duration::from_millis(200));
+        assert_eq!(wallet, defaults);
+        let wallet = load_str("[steps.wallet_hold]\ncap = \"900ms\"\n").steps;
+        assert_eq!(wallet.wallet_hold.cap, Duration::from_millis(900));
+        assert_eq!(wallet.wallet_hold.connect, Duration::from_millis(200));
+        let fraud = load_str("[steps.fraud]\nhedge = false\n").steps;
+        assert!(!fraud.fraud.hedge);
+        assert_eq!(fraud.fraud.cap, Duration::from_millis(450));
+        assert_eq!(fraud.fraud.connect, Duration::from_millis(50));
+        for (name, step) in defaults.named() {
+            assert_eq!(
+                step.hedge,
+                HEDGEABLE.contains(&name),
+                "{name} hedges by default"
+            );
+        }
+    }
+
+    /// Every table the config has, given alone with one key, loads; that key takes effect and
+    /// every other key, of that table and of all the others, keeps its default. The tables are
+    /// enumerated from the code (serde's list of known keys), so a table added later without a
+    /// case here fails this test. `[tls]` is the one table whose keys have no default: a
+    /// certificate and its key must be named, so one key alone is refused naming the other.
+    #[test]
+    fn every_table_given_with_one_key_keeps_the_defaults_of_the_others() {
+        let mut cases = vec![
+            case("listen", "listen = \"127.0.0.1:6000\"", |c| {
+                c.listen = SocketAddr::from(([127, 0, 0, 1], 6000))
+            }),
+            case("admin_listen", "admin_listen = \"off\"", |c| {
+                c.admin_listen = AdminListen::OFF
+            }),
+            case("shutdown_grace", "shutdown_grace = \"1s\"", |c| {
+                c.shutdown_grace = Duration::from_secs(1)
+            }),
+            case(
+                "downstream",
+                "[downstream]\ncart = \"10.0.0.1:7000\"",
+                |c| c.downstream.cart = "10.0.0.1:7000".into(),
+            ),
+            case("deadline", "[deadline]\nreturn_reserve = \"60ms\"", |c| {
+                c.deadline.return_reserve = Duration::from_millis(60)
+            }),
+            case("fraud", "[fraud]\non_timeout = \"decline\"", |c| {
+                c.fraud.on_timeout = FraudOnTimeout::Decline
+            }),
+            case("retry_after", "[retry_after]\npending = \"3s\"", |c| {
+                c.retry_after.pending = Duration::from_secs(3)
+            }),
+            case("worker", "[worker]\nconcurrency = 8", |c| {
+                c.worker.concurrency = 8
+            }),
+            case("retry_budget", "[retry_budget]\npercent = 20.0", |c| {
+                c.retry_budget.percent = 20.0
+            }),
+            case("idempotency", "[idempotency]\nretention = \"1h\"", |c| {
+                c.idempotency.retention = Duration::from_secs(3600)
+            }),
+            case("store", "[store]\nmax_connections = 4", |c| {
+                c.store.max_connections = 4
+            }),
+            case("server", "[server]\nmax_concurrent_streams = 100", |c| {
+                c.server.max_concurrent_streams = 100
+            }),
+            case(
+                "downstream_tls",
+                "[downstream_tls]\nca = \"/etc/ca.pem\"",
+                |c| {
+                    c.downstream_tls = Some(DownstreamTlsConfig {
+                        ca: Some("/etc/ca.pem".into()),
+                        ..DownstreamTlsConfig::default()
+                    })
+                },
+            ),
+            case("auth", "[auth]\nallow_client_id_header = true", |c| {
+                c.auth.allow_client_id_header = true
+            }),
+            case("admission", "[admission]\nenabled = false", |c| {
+                c.admission.enabled = false
+            }),
+            case("breaker", "[breaker]\nmin_calls = 20", |c| {
+                c.breaker.min_calls = 20
+            }),
+            case("hedge", "[hedge]\nmin_samples = 50", |c| {
+                c.hedge.min_samples = 50
+            }),
+        ];
+        // Every key of every step table, each alone: a value valid for every step.
+        type SetStep = fn(&mut StepPolicy);
+        let step_keys: [(&str, &str, SetStep); 5] = [
+            ("cap", "\"1s\"", |s| s.cap = Duration::from_secs(1)),
+            ("connect", "\"40ms\"", |s| {
+                s.connect = Duration::from_millis(40)
+            }),
+            ("min_budget", "\"60ms\"", |s| {
+                s.min_budget = Duration::from_millis(60)
+            }),
+            ("max_concurrency", "7", |s| s.max_concurrency = 7),
+            ("hedge", "false", |s| s.hedge = false), // the hedgeable steps' default is true
+        ];
+        for name in Steps::default().named().map(|(name, _)| name) {
+            for (key, value, set) in step_keys {
+                if key == "hedge" && !HEDGEABLE.contains(&name) {
+                    // Already off, and may not be turned on: `hedge = true` is refused.
+                    let text = format!("[steps.{name}]\nhedge = true");
+                    let parsed: Config = toml::from_str(&text).expect(&text);
+                    let refused = parsed.validate().expect_err(&text).to_string();
+                    assert!(
+                        refused.contains(&format!("steps.{name}.hedge")),
+                        "{refused}"
+                    );
+                    continue;
+                }
+                cases.push(case(
+                    &format!("steps.{name}"),
+                    &format!("[steps.{name}]\n{key} = {value}"),
+                    move |c| set(step_mut(&mut c.steps, name)),
+                ));
+            }
+        }
+
+        for Case { text, set, .. } in &cases {
+            let mut expected = Config::default();
+            set(&mut expected);
+            let loaded = load_str(text);
+            assert_ne!(
+                format!("{loaded:?}"),
+                format!("{:?}", Config::default()),
+                "{text} took no effect"
+            );
+            assert_eq!(format!("{loaded:?}"), format!("{expected:?}"), "{text}");
+        }
+        let tls = toml::from_str::<Config>("[tls]\ncert = \"/etc/server.pem\"\n")
+            .expect_err("a certificate without its key");
+        assert!(tls.message().contains("`key`"), "{tls}");
+
+        let mut tables = keys_of_the_table_refusing("no_such_key = 1\n");
+        tables.retain(|t| t != "steps" && t != "tls");
+        tables.extend(
+            keys_of_the_table_refusing("[steps]\nno_such_step = {}\n")
+                .into_iter()
+                .map(|step| format!("steps.{step}")),
+        );
+        for table in &tables {
+            assert!(
+                cases.iter().any(|case| &case.table == table),
+                "`{table}` has no one-key case in this test: add one"
+            );
+        }
     }
 }

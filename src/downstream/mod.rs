@@ -69,11 +69,11 @@ impl Hedgers {
     /// A hedger, hedging by `policy`, for each step of `steps` that hedges.
     pub fn new(steps: &Steps, policy: &HedgePolicy) -> Self {
         let now = std::time::Instant::now();
-        let hedger = |step| steps.hedges(step).then(|| Hedger::new(policy, now));
+        let hedger = |step: &StepPolicy| step.hedge.then(|| Hedger::new(policy, now));
         Self {
-            cart: hedger("cart"),
-            fraud: hedger("fraud"),
-            wallet_lookup: hedger("wallet_lookup"),
+            cart: hedger(&steps.cart),
+            fraud: hedger(&steps.fraud),
+            wallet_lookup: hedger(&steps.wallet_lookup),
         }
     }
 
