@@ -15,28 +15,98 @@ pub use crate::downstream::{
 };
 pub use crate::tls::{DownstreamTlsConfig, TlsConfig};
 
-/// Why a configuration was refused.
+/// Why a configuration was refused. Each message says everything once: the file, where in it
+/// and which key, and what is wrong (no inner error is repeated as a cause).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}: {error}")]
     Read {
         /// The file that was asked for.
         path: PathBuf,
         /// What the OS said.
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    /// The file is not valid TOML for this schema.
-    #[error("invalid config {path}: {source}")]
+    /// The file is not valid TOML for this schema: a syntax error, an unknown key, a value of
+    /// the wrong type.
+    #[error("invalid config {path}{place}: {message}")]
     Parse {
         /// The file that was asked for.
         path: PathBuf,
+        /// Where in the file, as far as the parser knows.
+        place: Place,
         /// What the TOML parser said.
-        source: Box<toml::de::Error>,
+        message: String,
+    },
+    /// The file parses but its values contradict each other or leave their bounds.
+    #[error("invalid config {path}: {reason}")]
+    Rejected {
+        /// The file that was asked for.
+        path: PathBuf,
+        /// What is wrong, naming the key(s).
+        reason: String,
     },
     /// The values parse but contradict each other.
     #[error("invalid config: {0}")]
     Invalid(String),
+}
+
+/// Where in a config file a [`ConfigError::Parse`] is; shown as `:line:column: dotted.key`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Place {
+    /// 1-based line and column of the offending text.
+    pub line_column: Option<(usize, usize)>,
+    /// The dotted key the offending text belongs to (`steps.fraud.cap`).
+    pub key: Option<String>,
+}
+
+impl Place {
+    /// Where `error`, raised while reading `text`, is.
+    fn of(error: &toml::de::Error, text: &str) -> Self {
+        let Some(offset) = error.span().map(|span| span.start) else {
+            return Self::default();
+        };
+        let Some(before) = text.get(..offset) else {
+            return Self::default();
+        };
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        // A file the parser refused has no table to look the key up in.
+        let key = toml::de::DeTable::parse(text)
+            .ok()
+            .and_then(|root| key_at(root.get_ref(), offset));
+        Self {
+            line_column: Some((line, column)),
+            key,
+        }
+    }
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some((line, column)) = self.line_column {
+            write!(f, ":{line}:{column}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ": {key}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The dotted key whose name or value covers byte `offset` of the text `table` was parsed from.
+fn key_at(table: &toml::de::DeTable<'_>, offset: usize) -> Option<String> {
+    table.iter().find_map(|(key, value)| {
+        let name = key.get_ref();
+        let inner = match value.get_ref() {
+            toml::de::DeValue::Table(inner) => {
+                key_at(inner, offset).map(|rest| format!("{name}.{rest}"))
+            }
+            _ => None,
+        };
+        let here = key.span().contains(&offset) || value.span().contains(&offset);
+        inner.or_else(|| here.then(|| name.to_string()))
+    })
 }
 
 /// Everything the orchestrator needs to run.
@@ -481,15 +551,27 @@ impl Default for StoreConfig {
 impl Config {
     /// Reads and validates a TOML file; keys not in the file keep their defaults.
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
-        let config: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        Self::from_toml(path, &text)
+    }
+
+    /// Parses and validates `text`, the contents of the file `path`, which errors name.
+    pub fn from_toml(path: &std::path::Path, text: &str) -> Result<Self, ConfigError> {
+        let config: Self = toml::from_str(text).map_err(|error| ConfigError::Parse {
             path: path.to_owned(),
-            source: Box::new(source),
+            place: Place::of(&error, text),
+            message: error.message().trim_end().to_owned(),
         })?;
-        config.validate()?;
+        config.validate().map_err(|error| match error {
+            ConfigError::Invalid(reason) => ConfigError::Rejected {
+                path: path.to_owned(),
+                reason,
+            },
+            other => other,
+        })?;
         Ok(config)
     }
 
@@ -962,11 +1044,56 @@ mod tests {
         assert!(err.contains("steps.cart.connect"), "{err}");
     }
 
+    /// A refused file is named with the line, the column and the dotted key of the offending
+    /// text, and the error has no separate cause: printers that show causes (anyhow's
+    /// "Caused by:") would otherwise say the parser's message twice.
+    #[test]
+    fn a_refused_file_says_where_and_which_key_without_repeating_its_cause() {
+        let path = std::path::Path::new("/etc/checkout.toml");
+        for (text, message) in [
+            (
+                "[steps.wallet_hold]\ncap = \"abc\"\n",
+                "invalid config /etc/checkout.toml:2:7: steps.wallet_hold.cap: invalid value: \
+                 string \"abc\", expected a duration",
+            ),
+            (
+                "listen = \"127.0.0.1:1\"\n[steps.payment]\ncap = \"1s\"\n",
+                "invalid config /etc/checkout.toml:2:8: steps.payment: unknown field `payment`, \
+                 expected one of `cart`, `fraud`, `inventory`, `wallet_hold`, `wallet_lookup`",
+            ),
+            (
+                "[steps]\ncart = { cap = 3 }\n",
+                "invalid config /etc/checkout.toml:2:16: steps.cart.cap: invalid type: \
+                 integer `3`, expected a duration",
+            ),
+            (
+                "[worker\n",
+                "invalid config /etc/checkout.toml:1:8: unclosed table, expected `]`",
+            ),
+            (
+                "[worker]\nlease = \"1s\"\n",
+                "invalid config /etc/checkout.toml: worker.lease must exceed worker.attempt_timeout",
+            ),
+        ] {
+            let refused = Config::from_toml(path, text).expect_err(text);
+            assert_eq!(refused.to_string(), message, "{text}");
+            assert!(std::error::Error::source(&refused).is_none(), "{text}");
+        }
+        let unreadable = Config::load(std::path::Path::new("/nonexistent/checkout.toml"))
+            .expect_err("no such file");
+        assert!(
+            unreadable
+                .to_string()
+                .starts_with("cannot read config /nonexistent/checkout.toml: "),
+            "{unreadable}"
+        );
+        assert!(std::error::Error::source(&unreadable).is_none());
+    }
+
     /// Loads `text` as a config file would be: parsed, then validated.
     fn load_str(text: &str) -> Config {
-        let config: Config = toml::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
-        config.validate().unwrap_or_else(|e| panic!("{text}: {e}"));
-        config
+        Config::from_toml(std::path::Path::new("test.toml"), text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"))
     }
 
     /// The names serde lists after "expected" in an unknown-field error: the keys the table
