@@ -1,36 +1,112 @@
 //! Configuration: every policy number of the service, with the defaults of SPEC §8, loaded from
 //! TOML and validated before any port is bound.
+//!
+//! Every key of every table is optional, and a key left out keeps its table's default: each
+//! table is read over its own defaults, key by key (each `[steps.<step>]` over that step's
+//! own). Unknown keys are refused, so a misspelt key stops the start instead of being ignored.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
 pub use crate::admission::AdmissionPolicy;
-pub use crate::downstream::{BreakerPolicy, HedgePolicy};
+pub use crate::downstream::{
+    BreakerPolicy, DownstreamAddrs, HEDGEABLE, HedgePolicy, StepPolicy, Steps,
+};
 pub use crate::tls::{DownstreamTlsConfig, TlsConfig};
 
-/// Why a configuration was refused.
+/// Why a configuration was refused. Each message says everything once: the file, where in it
+/// and which key, and what is wrong (no inner error is repeated as a cause).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}: {error}")]
     Read {
         /// The file that was asked for.
         path: PathBuf,
         /// What the OS said.
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    /// The file is not valid TOML for this schema.
-    #[error("invalid config {path}: {source}")]
+    /// The file is not valid TOML for this schema: a syntax error, an unknown key, a value of
+    /// the wrong type.
+    #[error("invalid config {path}{place}: {message}")]
     Parse {
         /// The file that was asked for.
         path: PathBuf,
+        /// Where in the file, as far as the parser knows.
+        place: Place,
         /// What the TOML parser said.
-        source: Box<toml::de::Error>,
+        message: String,
+    },
+    /// The file parses but its values contradict each other or leave their bounds.
+    #[error("invalid config {path}: {reason}")]
+    Rejected {
+        /// The file that was asked for.
+        path: PathBuf,
+        /// What is wrong, naming the key(s).
+        reason: String,
     },
     /// The values parse but contradict each other.
     #[error("invalid config: {0}")]
     Invalid(String),
+}
+
+/// Where in a config file a [`ConfigError::Parse`] is; shown as `:line:column: dotted.key`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Place {
+    /// 1-based line and column of the offending text.
+    pub line_column: Option<(usize, usize)>,
+    /// The dotted key the offending text belongs to (`steps.fraud.cap`).
+    pub key: Option<String>,
+}
+
+impl Place {
+    /// Where `error`, raised while reading `text`, is.
+    fn of(error: &toml::de::Error, text: &str) -> Self {
+        let Some(offset) = error.span().map(|span| span.start) else {
+            return Self::default();
+        };
+        let Some(before) = text.get(..offset) else {
+            return Self::default();
+        };
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        // A file the parser refused has no table to look the key up in.
+        let key = toml::de::DeTable::parse(text)
+            .ok()
+            .and_then(|root| key_at(root.get_ref(), offset));
+        Self {
+            line_column: Some((line, column)),
+            key,
+        }
+    }
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some((line, column)) = self.line_column {
+            write!(f, ":{line}:{column}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ": {key}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The dotted key whose name or value covers byte `offset` of the text `table` was parsed from.
+fn key_at(table: &toml::de::DeTable<'_>, offset: usize) -> Option<String> {
+    table.iter().find_map(|(key, value)| {
+        let name = key.get_ref();
+        let inner = match value.get_ref() {
+            toml::de::DeValue::Table(inner) => {
+                key_at(inner, offset).map(|rest| format!("{name}.{rest}"))
+            }
+            _ => None,
+        };
+        let here = key.span().contains(&offset) || value.span().contains(&offset);
+        inner.or_else(|| here.then(|| name.to_string()))
+    })
 }
 
 /// Everything the orchestrator needs to run.
@@ -45,7 +121,7 @@ pub struct Config {
     pub downstream: DownstreamAddrs,
     /// How the caller's deadline is read and spent.
     pub deadline: DeadlinePolicy,
-    /// Per-step caps, connect timeouts and minimum budgets.
+    /// Per-step caps, connect timeouts, minimum budgets, bulkheads and hedging.
     pub steps: Steps,
     /// What to do when fraud cannot answer in time.
     pub fraud: FraudPolicy,
@@ -150,40 +226,6 @@ impl std::fmt::Display for AdminListen {
     }
 }
 
-/// Addresses of the four downstream services: `host:port` (plain HTTP/2, as `--listen` and
-/// grpcurl take it) or an `http://` URI. Checked by [`Config::validate`]; read through
-/// [`downstream_uri`].
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DownstreamAddrs {
-    /// `cart.v1.CartService`.
-    pub cart: String,
-    /// `fraud.v1.FraudService`.
-    pub fraud: String,
-    /// `inventory.v1.InventoryService`.
-    pub inventory: String,
-    /// `wallet.v1.WalletService`.
-    pub wallet: String,
-}
-
-impl DownstreamAddrs {
-    /// All four services at one address (a `checkout stubs` server).
-    pub fn all_at(uri: &str) -> Self {
-        Self {
-            cart: uri.to_owned(),
-            fraud: uri.to_owned(),
-            inventory: uri.to_owned(),
-            wallet: uri.to_owned(),
-        }
-    }
-}
-
-impl Default for DownstreamAddrs {
-    fn default() -> Self {
-        Self::all_at("127.0.0.1:50052")
-    }
-}
-
 /// SPEC §3: reading and spending the caller's deadline.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -222,87 +264,6 @@ impl Default for DeadlinePolicy {
             fast_fail_floor: Duration::from_millis(100),
             min_to_send: Duration::from_millis(50),
             clock_skew_allowance: Duration::from_millis(5),
-        }
-    }
-}
-
-/// Limits of one downstream step.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StepPolicy {
-    /// The most this step is ever given, whatever the caller has left.
-    #[serde(with = "humantime_serde")]
-    pub cap: Duration,
-    /// TCP connect timeout of the service's channel.
-    #[serde(with = "humantime_serde", default = "default_connect")]
-    pub connect: Duration,
-    /// What this step needs at least; earlier steps leave this much for it.
-    #[serde(with = "humantime_serde", default = "default_min_budget")]
-    pub min_budget: Duration,
-    /// Bulkhead: calls of this step in flight at once (request path and worker together); one
-    /// more is refused at once, not sent, and counts as the service being unavailable.
-    #[serde(default = "default_max_concurrency")]
-    pub max_concurrency: usize,
-    /// Send one backup call when the first is slower than `hedge.percentile` of recent calls.
-    /// Only duplicate-safe steps may hedge (cart, fraud, wallet_lookup, where it is the
-    /// default); unset means the step's default.
-    #[serde(default)]
-    pub hedge: Option<bool>,
-}
-
-/// Room for a step's calls at the seed's peak through a pause as long as its cap, plus the
-/// worker: by Little's law 1,100/s × `cap` calls are in flight when the downstream (or this
-/// process) pauses for `cap`, up to 880 for `wallet_hold` (800 ms), and the worker adds up to
-/// `worker.concurrency`. With 128, a 120 ms pause of the stubs at 1,100/s filled the bulkhead
-/// and declined orders `*_UNAVAILABLE` that would have been answered within their budget.
-fn default_max_concurrency() -> usize {
-    1024
-}
-
-fn default_connect() -> Duration {
-    Duration::from_millis(50)
-}
-
-fn default_min_budget() -> Duration {
-    Duration::from_millis(50)
-}
-
-impl StepPolicy {
-    fn new(cap_ms: u64, connect_ms: u64) -> Self {
-        Self {
-            cap: Duration::from_millis(cap_ms),
-            connect: Duration::from_millis(connect_ms),
-            min_budget: default_min_budget(),
-            max_concurrency: default_max_concurrency(),
-            hedge: None,
-        }
-    }
-}
-
-/// One [`StepPolicy`] per step of the flow.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Steps {
-    /// `cart.FreezeCart`.
-    pub cart: StepPolicy,
-    /// `fraud.Score`.
-    pub fraud: StepPolicy,
-    /// `inventory.Reserve`.
-    pub inventory: StepPolicy,
-    /// `wallet.Hold`; its `connect` is the wallet channel's.
-    pub wallet_hold: StepPolicy,
-    /// `wallet.LookupByReference` after an ambiguous hold; shares the wallet channel.
-    pub wallet_lookup: StepPolicy,
-}
-
-impl Default for Steps {
-    fn default() -> Self {
-        Self {
-            cart: StepPolicy::new(300, 50),
-            fraud: StepPolicy::new(450, 50),
-            inventory: StepPolicy::new(150, 50),
-            wallet_hold: StepPolicy::new(800, 200),
-            wallet_lookup: StepPolicy::new(300, 200),
         }
     }
 }
@@ -595,16 +556,40 @@ impl Default for StoreConfig {
 impl Config {
     /// Reads and validates a TOML file; keys not in the file keep their defaults.
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
-        let config: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        Self::from_toml(path, &text)
+    }
+
+    /// Parses and validates `text`, the contents of the file `path`, which errors name.
+    pub fn from_toml(path: &std::path::Path, text: &str) -> Result<Self, ConfigError> {
+        let config: Self = toml::from_str(text).map_err(|error| ConfigError::Parse {
             path: path.to_owned(),
-            source: Box::new(source),
+            place: Place::of(&error, text),
+            message: error.message().trim_end().to_owned(),
         })?;
-        config.validate()?;
+        config.validate().map_err(|error| match error {
+            ConfigError::Invalid(reason) => ConfigError::Rejected {
+                path: path.to_owned(),
+                reason,
+            },
+            other => other,
+        })?;
         Ok(config)
+    }
+
+    /// What the downstream clients are built from.
+    pub fn downstream_settings(&self) -> crate::downstream::Settings<'_> {
+        crate::downstream::Settings {
+            addrs: &self.downstream,
+            tls: self.downstream_tls.as_ref(),
+            steps: &self.steps,
+            breaker: &self.breaker,
+            hedge: &self.hedge,
+            min_to_send: self.deadline.min_to_send,
+        }
     }
 
     /// The least time a request must have left to be admitted (SPEC §10):
@@ -680,7 +665,7 @@ impl Config {
                 step.max_concurrency,
             )
             .map_err(ConfigError::Invalid)?;
-            if step.hedge == Some(true) && !HEDGEABLE.contains(&name) {
+            if step.hedge && !HEDGEABLE.contains(&name) {
                 return bad(format!(
                     "steps.{name}.hedge = true: {name} is not safe to send twice; only {} may hedge",
                     HEDGEABLE.join(", ")
@@ -688,7 +673,8 @@ impl Config {
             }
         }
         for (key, addr) in self.downstream.named() {
-            downstream_uri(key, addr, self.downstream_tls.is_some())?;
+            crate::downstream::downstream_uri(key, addr, self.downstream_tls.is_some())
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         }
         if let Some(url) = &self.store.database_url
             && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
@@ -914,83 +900,6 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-impl DownstreamAddrs {
-    /// Every service with its config key.
-    pub fn named(&self) -> [(&'static str, &str); 4] {
-        [
-            ("downstream.cart", &self.cart),
-            ("downstream.fraud", &self.fraud),
-            ("downstream.inventory", &self.inventory),
-            ("downstream.wallet", &self.wallet),
-        ]
-    }
-}
-
-/// The URI of a downstream address given under `key`: `host:port` means `http://host:port`;
-/// an `http://host[:port]` URI is taken as it is, and an `https://` one when `tls` (a
-/// `[downstream_tls]` section) is configured. Anything else is refused with a message naming
-/// the key, so a typo stops the start instead of declining every order.
-pub fn downstream_uri(key: &str, addr: &str, tls: bool) -> Result<http::Uri, ConfigError> {
-    let refuse = |why: &str| {
-        Err(ConfigError::Invalid(format!(
-            "{key} = {addr:?}: {why}; expected host:port (e.g. 127.0.0.1:50052) or http://host:port"
-        )))
-    };
-    let text = if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
-    };
-    let Ok(uri) = text.parse::<http::Uri>() else {
-        return refuse("not an address");
-    };
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") if tls => {}
-        Some("https") => {
-            return refuse(
-                "https:// needs a [downstream_tls] section (ca, cert, key), which is not set",
-            );
-        }
-        _ => return refuse("the scheme must be http or https"),
-    }
-    let Some(authority) = uri.authority() else {
-        return refuse("no host");
-    };
-    if authority.host().is_empty() || (!addr.contains("://") && authority.port().is_none()) {
-        return refuse("no port");
-    }
-    if uri.path() != "/" && !uri.path().is_empty() {
-        return refuse("a path is not allowed");
-    }
-    Ok(uri)
-}
-
-/// The steps whose calls are safe to send twice (the same reference makes the same answer)
-/// and so may hedge, hedging by default.
-pub const HEDGEABLE: [&str; 3] = ["cart", "fraud", "wallet_lookup"];
-
-impl Steps {
-    /// Whether the step named `name` hedges: its `hedge` key, else true for the hedgeable steps.
-    pub fn hedges(&self, name: &str) -> bool {
-        let policy = self.named().into_iter().find(|(n, _)| *n == name);
-        policy
-            .and_then(|(_, p)| p.hedge)
-            .unwrap_or(HEDGEABLE.contains(&name))
-    }
-
-    /// Every step with its config name.
-    pub fn named(&self) -> [(&'static str, &StepPolicy); 5] {
-        [
-            ("cart", &self.cart),
-            ("fraud", &self.fraud),
-            ("inventory", &self.inventory),
-            ("wallet_hold", &self.wallet_hold),
-            ("wallet_lookup", &self.wallet_lookup),
-        ]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1021,7 +930,8 @@ mod tests {
             ("[::1]:50052", "http://[::1]:50052/"),
             ("http://127.0.0.1:50052", "http://127.0.0.1:50052/"),
         ] {
-            let parsed = downstream_uri("downstream.cart", given, false).expect(given);
+            let parsed =
+                crate::downstream::downstream_uri("downstream.cart", given, false).expect(given);
             assert_eq!(parsed.to_string(), uri);
         }
         for bad in [
@@ -1031,7 +941,7 @@ mod tests {
             "http://x:1/path",
             "not an address",
         ] {
-            let err = downstream_uri("downstream.cart", bad, false)
+            let err = crate::downstream::downstream_uri("downstream.cart", bad, false)
                 .expect_err(bad)
                 .to_string();
             assert!(err.contains("downstream.cart"), "{err}");
@@ -1125,11 +1035,274 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_contradictions_are_refused() {
-        let unknown: Result<Config, _> = toml::from_str("[deadline]\nserver_budget = \"1s\"\n");
-        assert!(unknown.is_err());
+        for unknown in [
+            "[deadline]\nserver_budget = \"1s\"\n",
+            "[steps.fraud]\ncaps = \"1s\"\n",
+            "[steps.payment]\ncap = \"1s\"\n",
+            "[steps]\ncap = \"1s\"\n",
+        ] {
+            let refused = toml::from_str::<Config>(unknown).expect_err(unknown);
+            assert!(refused.message().contains("unknown field"), "{refused}");
+        }
         let mut c = Config::default();
         c.steps.cart.connect = Duration::from_millis(400);
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("steps.cart.connect"), "{err}");
+    }
+
+    /// A refused file is named with the line, the column and the dotted key of the offending
+    /// text, and the error has no separate cause: printers that show causes (anyhow's
+    /// "Caused by:") would otherwise say the parser's message twice.
+    #[test]
+    fn a_refused_file_says_where_and_which_key_without_repeating_its_cause() {
+        let path = std::path::Path::new("/etc/checkout.toml");
+        for (text, message) in [
+            (
+                "[steps.wallet_hold]\ncap = \"abc\"\n",
+                "invalid config /etc/checkout.toml:2:7: steps.wallet_hold.cap: invalid value: \
+                 string \"abc\", expected a duration",
+            ),
+            (
+                "listen = \"127.0.0.1:1\"\n[steps.payment]\ncap = \"1s\"\n",
+                "invalid config /etc/checkout.toml:2:8: steps.payment: unknown field `payment`, \
+                 expected one of `cart`, `fraud`, `inventory`, `wallet_hold`, `wallet_lookup`",
+            ),
+            (
+                "[steps]\ncart = { cap = 3 }\n",
+                "invalid config /etc/checkout.toml:2:16: steps.cart.cap: invalid type: \
+                 integer `3`, expected a duration",
+            ),
+            (
+                "[worker\n",
+                "invalid config /etc/checkout.toml:1:8: unclosed table, expected `]`",
+            ),
+            (
+                "[worker]\nlease = \"1s\"\n",
+                "invalid config /etc/checkout.toml: worker.lease must exceed worker.attempt_timeout",
+            ),
+        ] {
+            let refused = Config::from_toml(path, text).expect_err(text);
+            assert_eq!(refused.to_string(), message, "{text}");
+            assert!(std::error::Error::source(&refused).is_none(), "{text}");
+        }
+        let unreadable = Config::load(std::path::Path::new("/nonexistent/checkout.toml"))
+            .expect_err("no such file");
+        assert!(
+            unreadable
+                .to_string()
+                .starts_with("cannot read config /nonexistent/checkout.toml: "),
+            "{unreadable}"
+        );
+        assert!(std::error::Error::source(&unreadable).is_none());
+    }
+
+    /// Loads `text` as a config file would be: parsed, then validated.
+    fn load_str(text: &str) -> Config {
+        Config::from_toml(std::path::Path::new("test.toml"), text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    /// The names serde lists after "expected" in an unknown-field error: the keys the table
+    /// that refused `text` has, taken from the code rather than written out here.
+    fn keys_of_the_table_refusing(text: &str) -> Vec<String> {
+        let refused = toml::from_str::<Config>(text).expect_err(text);
+        let (_, expected) = refused
+            .message()
+            .split_once("expected")
+            .expect("an unknown-field error lists the keys");
+        expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The step of `steps` named `name`, to change.
+    fn step_mut<'a>(steps: &'a mut Steps, name: &str) -> &'a mut StepPolicy {
+        match name {
+            "cart" => &mut steps.cart,
+            "fraud" => &mut steps.fraud,
+            "inventory" => &mut steps.inventory,
+            "wallet_hold" => &mut steps.wallet_hold,
+            "wallet_lookup" => &mut steps.wallet_lookup,
+            other => panic!("no step {other}"),
+        }
+    }
+
+    /// One case of [`every_table_given_with_one_key_keeps_the_defaults_of_the_others`].
+    struct Case {
+        /// The table it covers (`steps.cart`, `worker`, or a top-level key).
+        table: String,
+        /// A file giving one key of it.
+        text: String,
+        /// What that key changes in the defaults.
+        set: Box<dyn Fn(&mut Config)>,
+    }
+
+    fn case(table: &str, text: &str, set: impl Fn(&mut Config) + 'static) -> Case {
+        Case {
+            table: table.to_owned(),
+            text: text.to_owned(),
+            set: Box::new(set),
+        }
+    }
+
+    /// A step's other keys are its own defaults, not another step's: `[steps.wallet_hold]` with
+    /// only `cap` keeps the wallet's 200 ms connect timeout, `[steps.fraud]` with only
+    /// `hedge = false` loads (a cap is not required) and keeps fraud's 450 ms cap.
+    #[test]
+    fn a_step_table_with_one_key_keeps_that_steps_defaults_for_the_others() {
+        let defaults = Steps::default();
+        let wallet = load_str("[steps.wallet_hold]\ncap = \"800ms\"\n").steps;
+        assert_eq!(wallet.wallet_hold.connect, Duration::from_millis(200));
+        assert_eq!(wallet, defaults);
+        let wallet = load_str("[steps.wallet_hold]\ncap = \"900ms\"\n").steps;
+        assert_eq!(wallet.wallet_hold.cap, Duration::from_millis(900));
+        assert_eq!(wallet.wallet_hold.connect, Duration::from_millis(200));
+        let fraud = load_str("[steps.fraud]\nhedge = false\n").steps;
+        assert!(!fraud.fraud.hedge);
+        assert_eq!(fraud.fraud.cap, Duration::from_millis(450));
+        assert_eq!(fraud.fraud.connect, Duration::from_millis(50));
+        for (name, step) in defaults.named() {
+            assert_eq!(
+                step.hedge,
+                HEDGEABLE.contains(&name),
+                "{name} hedges by default"
+            );
+        }
+    }
+
+    /// Every table the config has, given alone with one key, loads; that key takes effect and
+    /// every other key, of that table and of all the others, keeps its default. The tables are
+    /// enumerated from the code (serde's list of known keys), so a table added later without a
+    /// case here fails this test. `[tls]` is the one table whose keys have no default: a
+    /// certificate and its key must be named, so one key alone is refused naming the other.
+    #[test]
+    fn every_table_given_with_one_key_keeps_the_defaults_of_the_others() {
+        let mut cases = vec![
+            case("listen", "listen = \"127.0.0.1:6000\"", |c| {
+                c.listen = SocketAddr::from(([127, 0, 0, 1], 6000))
+            }),
+            case("admin_listen", "admin_listen = \"off\"", |c| {
+                c.admin_listen = AdminListen::OFF
+            }),
+            case("shutdown_grace", "shutdown_grace = \"1s\"", |c| {
+                c.shutdown_grace = Duration::from_secs(1)
+            }),
+            case(
+                "downstream",
+                "[downstream]\ncart = \"10.0.0.1:7000\"",
+                |c| c.downstream.cart = "10.0.0.1:7000".into(),
+            ),
+            case("deadline", "[deadline]\nreturn_reserve = \"60ms\"", |c| {
+                c.deadline.return_reserve = Duration::from_millis(60)
+            }),
+            case("fraud", "[fraud]\non_timeout = \"decline\"", |c| {
+                c.fraud.on_timeout = FraudOnTimeout::Decline
+            }),
+            case("retry_after", "[retry_after]\npending = \"3s\"", |c| {
+                c.retry_after.pending = Duration::from_secs(3)
+            }),
+            case("worker", "[worker]\nconcurrency = 8", |c| {
+                c.worker.concurrency = 8
+            }),
+            case("retry_budget", "[retry_budget]\npercent = 20.0", |c| {
+                c.retry_budget.percent = 20.0
+            }),
+            case("idempotency", "[idempotency]\nretention = \"1h\"", |c| {
+                c.idempotency.retention = Duration::from_secs(3600)
+            }),
+            case("store", "[store]\nmax_connections = 4", |c| {
+                c.store.max_connections = 4
+            }),
+            case("server", "[server]\nmax_concurrent_streams = 100", |c| {
+                c.server.max_concurrent_streams = 100
+            }),
+            case(
+                "downstream_tls",
+                "[downstream_tls]\nca = \"/etc/ca.pem\"",
+                |c| {
+                    c.downstream_tls = Some(DownstreamTlsConfig {
+                        ca: Some("/etc/ca.pem".into()),
+                        ..DownstreamTlsConfig::default()
+                    })
+                },
+            ),
+            case("auth", "[auth]\nallow_client_id_header = true", |c| {
+                c.auth.allow_client_id_header = true
+            }),
+            case("admission", "[admission]\nenabled = false", |c| {
+                c.admission.enabled = false
+            }),
+            case("breaker", "[breaker]\nmin_calls = 20", |c| {
+                c.breaker.min_calls = 20
+            }),
+            case("hedge", "[hedge]\nmin_samples = 50", |c| {
+                c.hedge.min_samples = 50
+            }),
+        ];
+        // Every key of every step table, each alone: a value valid for every step.
+        type SetStep = fn(&mut StepPolicy);
+        let step_keys: [(&str, &str, SetStep); 5] = [
+            ("cap", "\"1s\"", |s| s.cap = Duration::from_secs(1)),
+            ("connect", "\"40ms\"", |s| {
+                s.connect = Duration::from_millis(40)
+            }),
+            ("min_budget", "\"60ms\"", |s| {
+                s.min_budget = Duration::from_millis(60)
+            }),
+            ("max_concurrency", "7", |s| s.max_concurrency = 7),
+            ("hedge", "false", |s| s.hedge = false), // the hedgeable steps' default is true
+        ];
+        for name in Steps::default().named().map(|(name, _)| name) {
+            for (key, value, set) in step_keys {
+                if key == "hedge" && !HEDGEABLE.contains(&name) {
+                    // Already off, and may not be turned on: `hedge = true` is refused.
+                    let text = format!("[steps.{name}]\nhedge = true");
+                    let parsed: Config = toml::from_str(&text).expect(&text);
+                    let refused = parsed.validate().expect_err(&text).to_string();
+                    assert!(
+                        refused.contains(&format!("steps.{name}.hedge")),
+                        "{refused}"
+                    );
+                    continue;
+                }
+                cases.push(case(
+                    &format!("steps.{name}"),
+                    &format!("[steps.{name}]\n{key} = {value}"),
+                    move |c| set(step_mut(&mut c.steps, name)),
+                ));
+            }
+        }
+
+        for Case { text, set, .. } in &cases {
+            let mut expected = Config::default();
+            set(&mut expected);
+            let loaded = load_str(text);
+            assert_ne!(
+                format!("{loaded:?}"),
+                format!("{:?}", Config::default()),
+                "{text} took no effect"
+            );
+            assert_eq!(format!("{loaded:?}"), format!("{expected:?}"), "{text}");
+        }
+        let tls = toml::from_str::<Config>("[tls]\ncert = \"/etc/server.pem\"\n")
+            .expect_err("a certificate without its key");
+        assert!(tls.message().contains("`key`"), "{tls}");
+
+        let mut tables = keys_of_the_table_refusing("no_such_key = 1\n");
+        tables.retain(|t| t != "steps" && t != "tls");
+        tables.extend(
+            keys_of_the_table_refusing("[steps]\nno_such_step = {}\n")
+                .into_iter()
+                .map(|step| format!("steps.{step}")),
+        );
+        for table in &tables {
+            assert!(
+                cases.iter().any(|case| &case.table == table),
+                "`{table}` has no one-key case in this test: add one"
+            );
+        }
     }
 }

@@ -148,7 +148,7 @@ async fn serve_probed(
     shutdown: impl Future<Output = ()> + Send + 'static,
     drain_delay: Duration,
 ) -> Result<(), ServerError> {
-    let downstreams = Downstreams::connect_lazy(&config)?;
+    let downstreams = Downstreams::connect_lazy(config.downstream_settings())?;
     // Read before anything is served, so that a bad certificate stops the start.
     let tls = config
         .tls

@@ -15,10 +15,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
 
 use super::CallClass;
+use super::Steps;
 use super::breaker::{Breaker, BreakerPolicy, Outcome};
 use super::bulkhead::Bulkhead;
 use crate::budget::ChildBudget;
-use crate::config::Steps;
 use crate::deadline::{GRPC_TIMEOUT, X_REQUEST_DEADLINE, grpc_timeout};
 
 /// One downstream RPC: the service logs and metrics name, and the full gRPC method.

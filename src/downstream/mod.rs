@@ -7,16 +7,19 @@
 //! `grpc-timeout` and `x-request-deadline`, stops waiting when its budget ends, and is dropped
 //! (RST_STREAM) the moment its [`CancellationToken`] fires.
 
+mod address;
 pub mod breaker;
 pub mod bulkhead;
 mod call;
 mod classify;
 pub mod hedge;
+mod steps;
 mod trace;
 
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
+pub use address::{DownstreamAddrs, InvalidAddress, downstream_uri};
 pub use breaker::{Breaker, BreakerPolicy, BreakerState};
 pub use bulkhead::{Bulkhead, validate_max_concurrency};
 pub use call::{CallError, Guards, Refusal, Rpc};
@@ -25,12 +28,12 @@ pub use classify::{
     error_reason,
 };
 pub use hedge::{Attempt, HedgePolicy, Hedger};
+pub use steps::{HEDGEABLE, StepPolicy, Steps};
 pub use trace::{
     AttemptKind, AttemptSpan, as_attempt, attempt_refused, cancel_reason, operation_context,
 };
 
 use crate::budget::ChildBudget;
-use crate::config::{Config, DownstreamTlsConfig, downstream_uri};
 use crate::proto::{
     cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
 };
@@ -52,7 +55,7 @@ pub const CONNECTION_WINDOW: u32 = 8 << 20;
 pub enum AddressError {
     /// The address is not `host:port` or a usable URI.
     #[error(transparent)]
-    Address(#[from] crate::config::ConfigError),
+    Address(#[from] InvalidAddress),
     /// `[downstream_tls]` cannot be read.
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
@@ -83,19 +86,14 @@ pub struct Hedgers {
 }
 
 impl Hedgers {
-    /// A hedger for each step of `config` that hedges.
-    pub fn new(config: &Config) -> Self {
+    /// A hedger, hedging by `policy`, for each step of `steps` that hedges.
+    pub fn new(steps: &Steps, policy: &HedgePolicy) -> Self {
         let now = std::time::Instant::now();
-        let hedger = |step| {
-            config
-                .steps
-                .hedges(step)
-                .then(|| Hedger::new(&config.hedge, now))
-        };
+        let hedger = |step: &StepPolicy| step.hedge.then(|| Hedger::new(policy, now));
         Self {
-            cart: hedger("cart"),
-            fraud: hedger("fraud"),
-            wallet_lookup: hedger("wallet_lookup"),
+            cart: hedger(&steps.cart),
+            fraud: hedger(&steps.fraud),
+            wallet_lookup: hedger(&steps.wallet_lookup),
         }
     }
 
@@ -113,6 +111,24 @@ impl Hedgers {
     pub fn wallet_lookup(&self) -> Option<&Hedger> {
         self.wallet_lookup.as_ref()
     }
+}
+
+/// What the downstream clients are built from: the parts of the service's configuration that
+/// concern them (`Config::downstream_settings` gathers them).
+#[derive(Debug, Clone, Copy)]
+pub struct Settings<'a> {
+    /// Where each service is.
+    pub addrs: &'a DownstreamAddrs,
+    /// TLS to `https://` addresses; they are refused without it.
+    pub tls: Option<&'a crate::tls::DownstreamTlsConfig>,
+    /// Connect timeouts, bulkheads and hedging of each step.
+    pub steps: &'a Steps,
+    /// The circuit breaker of each method.
+    pub breaker: &'a BreakerPolicy,
+    /// When a hedging step sends its backup.
+    pub hedge: &'a HedgePolicy,
+    /// No call (a backup included) is sent with less budget than this.
+    pub min_to_send: std::time::Duration,
 }
 
 /// Shared clients of cart, fraud, inventory and wallet.
@@ -133,17 +149,13 @@ pub struct Downstreams {
 }
 
 impl Downstreams {
-    /// Builds one channel per service of `config.downstream`; an `https://` address uses
-    /// `downstream_tls` (which must then be set). Nothing connects until the first call (or
+    /// Builds one channel per service of `settings.addrs`; an `https://` address uses
+    /// `settings.tls` (which must then be set). Nothing connects until the first call (or
     /// [`Downstreams::warm_up`]), so the orchestrator starts (and answers structured results)
     /// while a downstream is down.
-    pub fn connect_lazy(config: &Config) -> Result<Self, AddressError> {
-        let (addrs, steps, tls) = (
-            &config.downstream,
-            &config.steps,
-            config.downstream_tls.as_ref(),
-        );
-        let client_tls = tls.map(DownstreamTlsConfig::client).transpose()?;
+    pub fn connect_lazy(settings: Settings<'_>) -> Result<Self, AddressError> {
+        let (addrs, steps) = (settings.addrs, settings.steps);
+        let client_tls = settings.tls.map(|tls| tls.client()).transpose()?;
         let channel = |key: &'static str, addr: &str, connect| -> Result<Channel, AddressError> {
             let uri = downstream_uri(key, addr, client_tls.is_some())?;
             let https = uri.scheme_str() == Some("https");
@@ -169,9 +181,9 @@ impl Downstreams {
             steps.wallet_hold.connect,
         )?;
         Ok(Self {
-            guards: Guards::new(steps, &config.breaker),
-            hedgers: std::sync::Arc::new(Hedgers::new(config)),
-            min_to_send: config.deadline.min_to_send,
+            guards: Guards::new(steps, settings.breaker),
+            hedgers: std::sync::Arc::new(Hedgers::new(steps, settings.hedge)),
+            min_to_send: settings.min_to_send,
             channels: [
                 cart.clone(),
                 fraud.clone(),

@@ -22,6 +22,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 use tonic::Code;
+use tonic_types::StatusExt;
 
 const ORDERS: usize = 400;
 const CALLERS: usize = 24;
@@ -690,6 +691,91 @@ async fn serve_with_a_memory_store_works_and_keeps_nothing_across_a_restart() {
     let stderr = serve_refused(&["--config".as_ref(), config.as_os_str()]).await;
     assert!(stderr.contains("exclude each other"), "{stderr}");
     stubs.stop().await;
+}
+
+/// A config file holding one step table with one key starts `serve` (the table's other keys,
+/// and every other table, keep their defaults) and the key takes effect: `[steps.cart]
+/// min_budget = "120ms"` raises the admission floor from 220 to 290 ms, so a 260 ms deadline
+/// is refused on arrival while a 2 s one is confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_starts_with_a_config_setting_one_key_of_one_step_table() {
+    let stubs = start_stubs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let config = dir.path().join("checkout.toml");
+    std::fs::write(&config, "[steps.cart]\nmin_budget = \"120ms\"\n").unwrap();
+    let downstream = stubs.uri();
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--downstream".as_ref(),
+        downstream.as_ref(),
+        "--memory-store".as_ref(),
+    ];
+    let (mut child, uri) = spawn_serve_with(&args, &log).await;
+    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let placed = client
+        .place_order(with_timeout(
+            order("one-key", "cart-9"),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect("an order")
+        .into_inner();
+    assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
+    let refused = client
+        .place_order(with_timeout(
+            order("below-the-raised-floor", "cart-9"),
+            Duration::from_millis(260),
+        ))
+        .await
+        .expect_err("below the admission floor");
+    assert_eq!(refused.code(), Code::DeadlineExceeded, "{refused:?}");
+    let info = refused.get_details_error_info().expect("ErrorInfo");
+    assert_eq!(info.reason, "DEADLINE_TOO_SHORT");
+    assert_eq!(info.metadata["floor_ms"], "290");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    stubs.stop().await;
+}
+
+/// A bad config file stops `serve` with one message naming the file, the line and the key,
+/// said once: not repeated as its own cause. The same for values that parse but contradict
+/// each other, and for a file that cannot be read.
+#[tokio::test]
+async fn a_bad_config_file_is_reported_once_naming_the_file_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("checkout.toml");
+    for (text, says) in [
+        (
+            "[steps.wallet_hold]\ncap = \"abc\"\n",
+            ":2:7: steps.wallet_hold.cap: invalid value: string \"abc\", expected a duration",
+        ),
+        (
+            "[deadline]\nserver_budget = \"1s\"\n",
+            ":2:1: deadline.server_budget: unknown field `server_budget`",
+        ),
+        (
+            "[steps.cart]\nconnect = \"400ms\"\n",
+            ": steps.cart.connect (400ms) must be below its cap (300ms)",
+        ),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let stderr = serve_refused(&["--config".as_ref(), config.as_os_str()]).await;
+        let message = format!("invalid config {}{says}", config.display());
+        assert_eq!(stderr.matches(&message).count(), 1, "{text}: {stderr}");
+        assert_eq!(
+            stderr.matches(says).count(),
+            1,
+            "said more than once: {stderr}"
+        );
+        assert!(!stderr.contains("Caused by"), "{stderr}");
+    }
+    let missing = dir.path().join("missing.toml");
+    let stderr = serve_refused(&["--config".as_ref(), missing.as_os_str()]).await;
+    let message = format!("cannot read config {}: ", missing.display());
+    assert_eq!(stderr.matches(&message).count(), 1, "{stderr}");
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
 }
 
 /// `--log-format json` writes one JSON object a line, and a line written inside a PlaceOrder

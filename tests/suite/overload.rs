@@ -263,10 +263,10 @@ async fn a_slow_fraud_call_is_hedged_and_the_loser_is_cancelled() {
 #[test]
 fn hedging_a_step_that_moves_money_is_refused_by_config_validation() {
     let mut config = Config::default();
-    config.steps.wallet_hold.hedge = Some(true);
+    config.steps.wallet_hold.hedge = true;
     let error = config.validate().expect_err("refused").to_string();
     assert!(error.contains("steps.wallet_hold.hedge"), "{error}");
     let mut config = Config::default();
-    config.steps.fraud.hedge = Some(false);
+    config.steps.fraud.hedge = false;
     config.validate().expect("fraud may opt out");
 }

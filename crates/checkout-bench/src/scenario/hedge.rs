@@ -60,7 +60,7 @@ pub async fn run(options: &Options) -> Result<Report, ScenarioError> {
     ));
     let hedged = lane(options.config.clone(), warm_up, measure).await?;
     let mut off = options.config.clone();
-    off.steps.fraud.hedge = Some(false);
+    off.steps.fraud.hedge = false;
     let unhedged = lane(off, warm_up, measure).await?;
     for (name, l) in [("hedge = true", &hedged), ("hedge = false", &unhedged)] {
         report.setup(format!(
