@@ -51,6 +51,9 @@ impl Rig {
         config.downstream = DownstreamAddrs::all_at(&stubs.uri());
         config.store.data_dir = data_dir.path().to_owned();
         config.store.database_url = None;
+        // The admin port is not part of any scenario; the default fixed port (9464) would make
+        // a scenario fail whenever something else on the machine holds it.
+        config.admin_listen = checkout::config::AdminListen::OFF;
         config.validate()?;
         let config = Arc::new(config);
         let store = checkout::store::open(&config.store).await?;
