@@ -1,4 +1,4 @@
-//! Configuration: every policy number of the service, with the defaults of SPEC §8, loaded from
+//! Configuration: every policy number of the service, with the defaults of docs/design.md §8, loaded from
 //! TOML and validated before any port is bound.
 //!
 //! Every key of every table is optional, and a key left out keeps its table's default: each
@@ -226,21 +226,21 @@ impl std::fmt::Display for AdminListen {
     }
 }
 
-/// SPEC §3: reading and spending the caller's deadline.
+/// docs/design.md §3: reading and spending the caller's deadline.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeadlinePolicy {
     /// Cap on any deadline, and the deadline when the caller sends none.
     #[serde(with = "humantime_serde")]
     pub server_budget_max: Duration,
-    /// Subtracted from `request-deadline-ms` (ADR-0007).
+    /// Subtracted from `request-deadline-ms` (docs/design.md §8).
     #[serde(with = "humantime_serde")]
     pub request_deadline_ms_reserve: Duration,
     /// Kept back from every child budget so the answer can still be sent in time.
     #[serde(with = "humantime_serde")]
     pub return_reserve: Duration,
     /// Kept back from every child budget, on top of `return_reserve`, so the decision can be
-    /// written durably before the answer leaves. 0 gives SPEC §3's formula exactly.
+    /// written durably before the answer leaves. 0 gives docs/design.md §3's formula exactly.
     #[serde(with = "humantime_serde")]
     pub record_reserve: Duration,
     /// Below this (after the return reserve) a request is refused on arrival.
@@ -294,7 +294,7 @@ impl Default for FraudPolicy {
     }
 }
 
-/// `retry_after.*` keys (ADR-0007).
+/// `retry_after.*` keys (docs/design.md §8).
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryAfterPolicy {
@@ -372,7 +372,7 @@ impl Default for WorkerPolicy {
     }
 }
 
-/// `retry_budget.*` keys (seed 002; tower's `TpsBudget`).
+/// `retry_budget.*` keys (the retry-tax arithmetic of docs/design.md §6; tower's `TpsBudget`).
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryBudgetPolicy {
@@ -592,7 +592,7 @@ impl Config {
         }
     }
 
-    /// The least time a request must have left to be admitted (SPEC §10):
+    /// The least time a request must have left to be admitted (docs/design.md §3):
     /// max(`fast_fail_floor` + `return_reserve`, the shortest path). The shortest path is the
     /// reserves (`return_reserve` + `record_reserve`) plus every stage's `min_budget` (cart,
     /// the larger of fraud and inventory, which run in parallel, and the hold): with less, a

@@ -12,7 +12,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Threads of tokio's blocking pool.
 const BLOCKING_THREADS: usize = 24;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = checkout::cli::Cli::parse();
     if let Err(error) = disable_transparent_huge_pages() {
         eprintln!("warning: transparent huge pages stay on: {error}");

@@ -1,4 +1,4 @@
-//! Adaptive admission for PlaceOrder (SPEC §10 "Overload"): an [`AdaptiveLimiter`] admits a
+//! Adaptive admission for PlaceOrder (docs/design.md §10): an [`AdaptiveLimiter`] admits a
 //! request only while fewer than the current limit are in flight, and refuses the rest at once —
 //! it never queues. How the limit moves is a separate [`Limit`] (see [`limit`]); the limiter only
 //! counts permits and feeds each finished request back as a [`Sample`].

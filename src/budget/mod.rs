@@ -1,8 +1,8 @@
-//! Child budgets carved out of the caller's deadline (SPEC §3).
+//! Child budgets carved out of the caller's deadline (docs/design.md §3).
 //!
 //! A step gets `min(step.cap, remaining − return_reserve − record_reserve − Σ min_budget(later
 //! mandatory stages))`; below `min_to_send` it is not sent at all. `record_reserve` (default
-//! 20 ms, 0 gives SPEC §3's formula exactly) leaves time to write the decision durably before the
+//! 20 ms, 0 gives docs/design.md §3's formula exactly) leaves time to write the decision durably before the
 //! answer leaves at `deadline − return_reserve`. [`ChildBudget`] can only be made here,
 //! and every downstream call takes one, so no call leaves without a budget.
 

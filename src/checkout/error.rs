@@ -13,7 +13,7 @@ use crate::store::StoreError;
 /// ErrorInfo domain of this service's errors.
 pub const ERROR_DOMAIN: &str = "checkout.v1";
 
-/// Metadata set on a fast-fail answer (seed 001).
+/// Metadata set on a fast-fail answer (the timeout contract, docs/design.md §3).
 pub const X_DEADLINE_EXCEEDED: &str = "x-deadline-exceeded";
 
 /// A request the service did not (or could not) act on.

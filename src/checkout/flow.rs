@@ -1,4 +1,4 @@
-//! The request path of PlaceOrder (SPEC §4):
+//! The request path of PlaceOrder (docs/design.md §4):
 //!
 //! ```text
 //! admission → record RECEIVED → cart.FreezeCart
@@ -117,7 +117,7 @@ impl Orchestrator {
         &self.limiter
     }
 
-    /// Sheds what the service cannot answer well now (SPEC §10 admission control): past the
+    /// Sheds what the service cannot answer well now (docs/design.md §10, admission control): past the
     /// adaptive concurrency limit, or when the queueing the service adds already exceeds the
     /// request's slack beyond the shortest path. A refused request is neither recorded nor sent.
     fn admit_load(&self, deadline: &Deadline) -> Result<Permit, CheckoutError> {

@@ -1,4 +1,4 @@
-//! The machine reason codes of `Order.reason` (SPEC §2) and what each implies for the caller:
+//! The machine reason codes of `Order.reason` (docs/design.md §2) and what each implies for the caller:
 //! status, whether a fresh attempt is safe, and when to come back.
 
 use std::time::Duration;
@@ -111,7 +111,7 @@ impl Reason {
         )
     }
 
-    /// `retry_after` for this reason (ADR-0007): poll PENDING after `pending`; wait `unavailable`
+    /// `retry_after` for this reason (docs/design.md §2): poll PENDING after `pending`; wait `unavailable`
     /// after a downstream outage; nothing for permanent refusals or a parked order.
     pub fn retry_after(self, policy: &RetryAfterPolicy) -> Option<Duration> {
         match self {

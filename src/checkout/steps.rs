@@ -270,7 +270,7 @@ impl<'a> StepCalls<'a> {
     }
 
     /// Places the hold for `total` (never hedged: a hold moves money), classified by the
-    /// wallet outcome table (SPEC §5).
+    /// wallet outcome table (docs/design.md §5).
     pub async fn hold(
         &self,
         budget: &ChildBudget,

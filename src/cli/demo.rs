@@ -91,18 +91,19 @@ grpcurl -plaintext -rpc-header 'x-client-id: demo' -d '{order}' {o} checkout.v1.
 
 # Make the wallet slow (1.5 s), then place with a 1 s deadline: PENDING, answered in time:
 grpcurl -plaintext -d '{{"service":"wallet","method":"Hold","behavior":{{"latencyMs":1500}}}}' {s} stub.v1.StubControl/Configure
-grpcurl -plaintext -max-time 1 -d '{{"idempotencyKey":"demo-2","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
-grpcurl -plaintext -d '{{"idempotencyKey":"demo-2"}}' {o} checkout.v1.CheckoutService/GetOrder
+grpcurl -plaintext -rpc-header 'x-client-id: demo' -max-time 1 -d '{{"idempotencyKey":"demo-2","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
+grpcurl -plaintext -rpc-header 'x-client-id: demo' -d '{{"idempotencyKey":"demo-2"}}' {o} checkout.v1.CheckoutService/GetOrder
 grpcurl -plaintext -d '{{"service":"wallet","method":"Hold","behavior":{{}}}}' {s} stub.v1.StubControl/Configure
 
 # A deadline too short to start: DEADLINE_EXCEEDED with ErrorInfo DEADLINE_TOO_SHORT, nothing sent:
-grpcurl -plaintext -format-error -max-time 0.2 -d '{{"idempotencyKey":"demo-3","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
+grpcurl -plaintext -rpc-header 'x-client-id: demo' -format-error -max-time 0.2 -d '{{"idempotencyKey":"demo-3","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
 
 # What the stubs saw (received budgets, cancellations, effects after deadline):
-grpcurl -plaintext -d '{{}}' {s} stub.v1.StubControl/GetStats
+grpcurl -plaintext -emit-defaults -d '{{}}' {s} stub.v1.StubControl/GetStats
 grpcurl -plaintext -d '{{}}' {o} checkout.v1.OperatorService/GetWorkerStats
 
-# Or: cargo run --release -- place --deadline-ms 1000
+# Calls without x-client-id are scoped to the client `anonymous`: they do not see demo's orders.
+# Or: cargo run --release -- place --client-id demo --deadline-ms 1000
 "#,
         dir = data_dir.display()
     )

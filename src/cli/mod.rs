@@ -14,6 +14,8 @@ mod tls_flags;
 pub mod waterfall;
 
 use checkout_telemetry::stall::{self, StallWatch};
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
 /// A gRPC checkout orchestrator that propagates one caller-owned deadline end to end.
@@ -42,6 +44,7 @@ enum Command {
     /// All four stub services + stub.v1.StubControl on one port.
     Stubs(stubs::StubsArgs),
     /// Place one order with a chosen deadline; print the result and its budget waterfall.
+    /// Exits 0 CONFIRMED, 3 PENDING, 4 DECLINED, 1 refused (an error status) or no answer.
     Place(place::PlaceArgs),
     /// Drive PlaceOrder load and report orders/s, latency percentiles and CPU per order
     /// (runs `checkout-bench loadgen`).
@@ -66,7 +69,8 @@ enum Command {
 }
 
 /// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Its exit code is 0 on success, except where a command documents its own (`place`).
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let telemetry = match &cli.command {
         Command::Demo(_) | Command::Serve(_) => {
             Some(checkout_telemetry::init("checkout", cli.log_format))
@@ -87,17 +91,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stubs(_) => Some(StallWatch::start("stubs", stall::REPORT_OVER)),
         _ => None,
     };
+    let ok = |()| ExitCode::SUCCESS;
     let result = match cli.command {
-        Command::Demo(args) => demo::run(args).await,
-        Command::Serve(args) => serve::run(args).await,
-        Command::Stubs(args) => stubs::run(args).await,
+        Command::Demo(args) => demo::run(args).await.map(ok),
+        Command::Serve(args) => serve::run(args).await.map(ok),
+        Command::Stubs(args) => stubs::run(args).await.map(ok),
         Command::Place(args) => place::run(args).await,
-        Command::Loadgen(args) => bench::run("loadgen", args),
-        Command::Bare(args) => bench::run("bare", args),
-        Command::OtlpSink(args) => bench::run("otlp-sink", args),
-        Command::Scenario(args) => bench::run("scenario", args),
-        Command::Health(args) => health::run(args).await,
-        Command::Migrate(args) => migrate::run(args).await,
+        Command::Loadgen(args) => bench::run("loadgen", args).map(ok),
+        Command::Bare(args) => bench::run("bare", args).map(ok),
+        Command::OtlpSink(args) => bench::run("otlp-sink", args).map(ok),
+        Command::Scenario(args) => bench::run("scenario", args).map(ok),
+        Command::Health(args) => health::run(args).await.map(ok),
+        Command::Migrate(args) => migrate::run(args).await.map(ok),
     };
     if let Some(telemetry) = telemetry {
         telemetry.shutdown().await;

@@ -1,5 +1,6 @@
 //! `checkout place`: one order with a chosen deadline, its result, and its budget waterfall.
 
+use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
@@ -19,7 +20,7 @@ enum DeadlineHeader {
     GrpcTimeout,
     /// `x-request-deadline` (absolute epoch ms).
     XRequestDeadline,
-    /// `request-deadline-ms` (relative ms, ADR-0007 clamp).
+    /// `request-deadline-ms` (relative ms, clamped as docs/design.md §3 says).
     RequestDeadlineMs,
     /// No deadline header: the server's default budget.
     None,
@@ -60,8 +61,16 @@ pub struct PlaceArgs {
     width: usize,
 }
 
-/// Places the order and prints what came back.
-pub async fn run(args: PlaceArgs) -> anyhow::Result<()> {
+/// Exit code of a refused call (an error status: nothing was admitted) or of no answer.
+pub const EXIT_REFUSED: u8 = 1;
+/// Exit code of a PENDING answer: the order was taken; poll it (GetOrder) after `retry_after`.
+pub const EXIT_PENDING: u8 = 3;
+/// Exit code of a DECLINED answer (`retryable` says whether a new key may be tried).
+pub const EXIT_DECLINED: u8 = 4;
+
+/// Places the order and prints what came back. Exits 0 when CONFIRMED, [`EXIT_PENDING`],
+/// [`EXIT_DECLINED`], or [`EXIT_REFUSED`] for an error status; 2 is clap's, for bad flags.
+pub async fn run(args: PlaceArgs) -> anyhow::Result<ExitCode> {
     let key = args
         .key
         .clone()
@@ -127,10 +136,20 @@ pub async fn run(args: PlaceArgs) -> anyhow::Result<()> {
                 println!("retry_delay  {:?}", retry.retry_delay);
             }
             println!("round trip   {}", super::waterfall::fmt_ms(took));
+            Ok(ExitCode::from(EXIT_REFUSED))
         }
-        Ok(Ok(response)) => print_order(&response.into_inner(), &key, took, args.width),
+        Ok(Ok(response)) => {
+            let order = response.into_inner();
+            print_order(&order, &key, took, args.width);
+            Ok(match order.status() {
+                pb::OrderStatus::Confirmed => ExitCode::SUCCESS,
+                pb::OrderStatus::Pending => ExitCode::from(EXIT_PENDING),
+                pb::OrderStatus::Declined => ExitCode::from(EXIT_DECLINED),
+                // Not an answer the service gives; a script must not read it as success.
+                pb::OrderStatus::Unspecified => ExitCode::from(EXIT_REFUSED),
+            })
+        }
     }
-    Ok(())
 }
 
 fn print_order(order: &pb::Order, key: &str, took: Duration, width: usize) {

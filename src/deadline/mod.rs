@@ -1,4 +1,4 @@
-//! The caller's deadline: read once at ingress (SPEC §3), then the only clock every later step
+//! The caller's deadline: read once at ingress (docs/design.md §3), then the only clock every later step
 //! spends from.
 
 mod ingest;
@@ -20,7 +20,7 @@ pub enum DeadlineSource {
     GrpcTimeout,
     /// `x-request-deadline`: absolute epoch milliseconds.
     XRequestDeadline,
-    /// `request-deadline-ms`: relative milliseconds, ADR-0007 clamp.
+    /// `request-deadline-ms`: relative milliseconds, clamped as docs/design.md §3 says.
     RequestDeadlineMs,
     /// `x-envoy-expected-rq-timeout-ms`: relative milliseconds, set by an Envoy in front.
     EnvoyExpectedRqTimeout,

@@ -1,4 +1,4 @@
-//! A circuit breaker per downstream method (SPEC §10 "Isolation"; why per method, not per
+//! A circuit breaker per downstream method (docs/design.md §10; why per method, not per
 //! service: [`crate::downstream::call::Guards`]): a small state machine that stops sending
 //! calls to an endpoint that is failing or browned out, then probes it back.
 //!
@@ -14,7 +14,7 @@
 //! ago on a quiet service, and only milliseconds of history at the benchmark's 1,100 orders/s.
 //!
 //! What counts as a failure is the caller's decision: a call that could not have been applied or
-//! timed out (Unavailable, Ambiguous in SPEC §5) is a [`Outcome::Failure`]; a definitive refusal
+//! timed out (Unavailable, Ambiguous in docs/design.md §5) is a [`Outcome::Failure`]; a definitive refusal
 //! (INSUFFICIENT_FUNDS, NOT_FOUND) is a healthy service answering, so [`Outcome::Success`]. A call
 //! we cancelled says nothing about the service: drop its [`CallPermit`] without recording.
 //! An outcome reported for a call admitted before the breaker last changed state is ignored.

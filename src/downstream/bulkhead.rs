@@ -1,4 +1,4 @@
-//! A bulkhead per downstream (SPEC §10 "Isolation", `steps.<step>.max_concurrency`): at most N
+//! A bulkhead per downstream (docs/design.md §10, `steps.<step>.max_concurrency`): at most N
 //! calls to one service in flight, so one slow service cannot take every request's capacity.
 //! A full bulkhead refuses at once — waiting would spend the caller's budget on nothing — and
 //! the refused call is not sent (classified Unavailable: certainly not applied).

@@ -112,7 +112,7 @@ impl Rpc {
 ///
 /// The breaker is per method, not per service, as Hystrix keys one per command: one sick
 /// endpoint says nothing of its neighbours, and their answers must not dilute its failure rate.
-/// On the Payrail night (seed 004) only the wallet's `Hold` slowed down; with one breaker for
+/// On the Payrail night ("Timeouts Everywhere", the `payrail-night` scenario) only the wallet's `Hold` slowed down; with one breaker for
 /// the whole wallet, the fast lookups that follow each ambiguous hold and the worker's
 /// captures kept the failure rate near 50 %, and holds kept being sent.
 #[derive(Debug, Clone)]

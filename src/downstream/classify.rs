@@ -1,4 +1,4 @@
-//! What a failed call means: could its effect have happened? (SPEC §5, ADR-0007). The same
+//! What a failed call means: could its effect have happened? (docs/design.md §5). The same
 //! rules serve every step; the wallet hold adds the duplicate-reference rule, and its refusals
 //! are parsed here, once, into [`HoldRejection`].
 

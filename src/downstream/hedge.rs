@@ -1,4 +1,4 @@
-//! Hedging of duplicate-safe calls (SPEC §10 "Hedging": cart, fraud, wallet_lookup): when the
+//! Hedging of duplicate-safe calls (docs/design.md §10: cart, fraud, wallet_lookup): when the
 //! first attempt has been out longer than `percentile` of recent latency, send ONE backup and
 //! take whichever answers first ("The Tail at Scale"; tower's `hedge`).
 //!

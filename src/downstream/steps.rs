@@ -24,7 +24,7 @@ pub struct StepPolicy {
     pub hedge: bool,
 }
 
-/// Room for a step's calls at the seed's peak through a pause as long as its cap, plus the
+/// Room for a step's calls at the timeout contract's peak (1,100/s) through a pause as long as its cap, plus the
 /// worker: by Little's law 1,100/s × `cap` calls are in flight when the downstream (or this
 /// process) pauses for `cap`, up to 880 for `wallet_hold` (800 ms), and the worker adds up to
 /// `worker.concurrency`. With 128, a 120 ms pause of the stubs at 1,100/s filled the bulkhead

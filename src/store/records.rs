@@ -332,7 +332,7 @@ pub enum JobOutcome {
     },
 }
 
-/// What a job attempt that will be retried counts as (SPEC §10, worker).
+/// What a job attempt that will be retried counts as (docs/design.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
     /// Not a failure: a wait (settle window, spent retry budget, a stopping worker).

@@ -1,4 +1,4 @@
-//! The retry budget of the one layer that retries (SPEC §6): retries may add at most
+//! The retry budget of the one layer that retries (docs/design.md §6): retries may add at most
 //! `percent` % of first attempts over `window`, plus `floor_per_second` (tower's `TpsBudget`,
 //! Finagle's design). When it is spent, retries wait; they are never dropped.
 

@@ -1355,3 +1355,49 @@ async fn a_connection_that_never_speaks_cannot_hold_the_exit_past_the_grace_peri
     drop(silent);
     stubs.stop().await;
 }
+
+/// `checkout place` tells its answers apart by exit code, so a script can: 0 CONFIRMED,
+/// 3 PENDING (a hold slower than the deadline), 4 DECLINED (no funds), 1 refused (a deadline
+/// under the admission floor: an error status, nothing admitted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn place_exits_with_a_code_per_answer() {
+    let h = start().await;
+    let place = async |deadline_ms: &str, account: &str| {
+        Command::new(env!("CARGO_BIN_EXE_checkout"))
+            .args([
+                "place",
+                "--addr",
+                &h.server.uri(),
+                "--deadline-ms",
+                deadline_ms,
+            ])
+            .args(["--account", account])
+            .output()
+            .await
+            .unwrap()
+    };
+    let code = |out: &std::process::Output| {
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let confirmed = place("2000", "a1").await;
+    assert_eq!(code(&confirmed).0, Some(0), "{}", code(&confirmed).1);
+    assert!(code(&confirmed).1.contains("status       CONFIRMED"));
+
+    let declined = place("2000", "poor-1").await;
+    assert_eq!(code(&declined).0, Some(4), "{}", code(&declined).1);
+    assert!(code(&declined).1.contains("INSUFFICIENT_FUNDS"));
+
+    let refused = place("100", "a1").await;
+    assert_eq!(code(&refused).0, Some(1), "{}", code(&refused).1);
+    assert!(code(&refused).1.contains("DEADLINE_TOO_SHORT"));
+
+    h.control
+        .configure("wallet", "Hold", behavior(1_500, Fault::None))
+        .await;
+    let pending = place("1000", "a1").await;
+    assert_eq!(code(&pending).0, Some(3), "{}", code(&pending).1);
+    assert!(code(&pending).1.contains("status       PENDING"));
+}

@@ -399,7 +399,7 @@ async fn caller_cancellation_cancels_every_call_in_flight_and_sends_no_hold() {
     h.stop().await;
 }
 
-/// SPEC §5, row by row, through the stub fault modes.
+/// docs/design.md §5, row by row, through the stub fault modes.
 #[tokio::test]
 async fn every_row_of_the_wallet_outcome_table() {
     let h = start().await;

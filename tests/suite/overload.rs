@@ -1,4 +1,4 @@
-//! Overload and tail tolerance over real gRPC (issue 9 §1–3): orders past the admission limit
+//! Overload and tail tolerance over real gRPC (docs/design.md §10): orders past the admission limit
 //! are refused at once with nothing recorded or sent; a full bulkhead or an open breaker keeps
 //! a call from being sent and declines WALLET_UNAVAILABLE (retryable, no reconcile work); the
 //! duplicate-safe steps hedge, and the losing attempt is cancelled.

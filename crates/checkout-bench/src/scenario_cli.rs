@@ -1,5 +1,5 @@
-//! `checkout scenario list | NAME | all [--quick] [--config FILE]`: replays the seeds' incidents
-//! against stubs and an orchestrator started in-process, prints each scenario's table (the seed's
+//! `checkout scenario list | NAME | all [--quick] [--config FILE]`: replays the incidents the design was written against (docs/design.md, Sources)
+//! against stubs and an orchestrator started in-process, prints each scenario's table (the source's
 //! figure next to ours) and fails (non-zero exit) when any expectation is not met.
 
 use std::path::PathBuf;

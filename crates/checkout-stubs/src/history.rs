@@ -1,4 +1,4 @@
-//! Bounded memory for what the stubs keep of past calls (issue 11): a [`Ring`] for the effect
+//! Bounded memory for what the stubs keep of past calls (so a long run stays flat): a [`Ring`] for the effect
 //! log, and [`Records`] for data kept per order reference, whose entries are evicted oldest first
 //! once they are final. Both are sized at their capacity when created, so a long run neither
 //! grows them nor reallocates or rehashes a large table under the state lock, and both count

@@ -1,4 +1,4 @@
-//! `cart-stall` (seed 001, the timeout contract): the staging test the contract asks for — cart
+//! `cart-stall` (the timeout contract): the staging test the contract asks for — cart
 //! stalls 2,300 ms under the gateway's 2,500 ms deadline (sent as `x-request-deadline`, as the
 //! seed's gateway injects it). Expected: no wallet call at all (INC-4419's phantom charges), the
 //! cart call cut at its 300 ms read cap, and every caller answered with a structured result
@@ -16,9 +16,9 @@ use super::{Options, Report, ScenarioError, ms};
 use checkout::deadline::X_REQUEST_DEADLINE;
 use checkout_proto::checkout::v1 as pb;
 
-/// The gateway's deadline (seed 001 MC-BD-01).
+/// The gateway's deadline (the timeout contract's MC-BD-01).
 const DEADLINE: Duration = Duration::from_millis(2_500);
-/// The cart's stall (seed 001, next steps §3).
+/// The cart's stall (the timeout contract's next steps).
 const CART_STALL_MS: u32 = 2_300;
 /// The seed's cart socket read timeout, which our `steps.cart.cap` matches.
 const CART_READ_CAP: Duration = Duration::from_millis(300);

@@ -1,7 +1,7 @@
-//! `fraud-timeout` (seed 003, latency budgets): the fraud vendor times out. ShardPay answers
+//! `fraud-timeout` ("Timeout Hierarchies and Latency Budgets"): the fraud vendor times out. ShardPay answers
 //! "202 pending_fraud" rather than a 504; we expect the hold to go ahead and the caller to get
 //! PENDING `FRAUD_REVIEW` in time — an answer, not an error — and, once fraud recovers, the
-//! worker to re-score and confirm. Then the seed's cascading cancel: the caller disconnects at
+//! worker to re-score and confirm. Then the note's cascading cancel: the caller disconnects at
 //! 80 ms while fraud and inventory are in flight; every branch in flight must be cancelled (seen
 //! by the stubs before fraud's own 450 ms cap could have ended it), no hold sent, and the order
 //! DECLINED `CALLER_ABANDONED`.
@@ -18,7 +18,7 @@ use checkout_proto::stub::v1::Fault;
 
 /// The callers' deadline.
 const DEADLINE: Duration = Duration::from_secs(2);
-/// When the caller disconnects (seed 003: "the mobile client disconnects at T+80ms").
+/// When the caller disconnects (the note: "the mobile client disconnects at T+80ms").
 const DISCONNECT_AT: Duration = Duration::from_millis(80);
 /// How long the worker may take to re-score and confirm once fraud answers again.
 const RESCORE_WITHIN: Duration = Duration::from_secs(20);

@@ -1,4 +1,4 @@
-//! `hedge` (issue 9 §3's target, The Tail at Scale's backup requests): fraud `Score` answers with
+//! `hedge` (the hedging target, after The Tail at Scale's backup requests): fraud `Score` answers with
 //! a log-normal latency (median 2 ms, p99 300 ms) while orders arrive at 200/s under 2 s
 //! deadlines. The same load runs twice, on fresh rigs, side by side in one run: once with the
 //! default policy (`steps.fraud.hedge = true`: one backup after the step's recent p95, within

@@ -1,14 +1,15 @@
-//! The seeds' incidents as runnable scenarios (issue 9 §4, SPEC §10 "Scenarios"). Each one starts
-//! its own stubs and orchestrator in-process ([`rig`]), drives the seed's situation through real
-//! gRPC, and judges what it measured against the seed's expectation: a [`Report`] of checks, each
-//! with the seed's figure next to ours. A scenario never decides its verdict from configuration;
+//! The incidents the design was written against (docs/design.md, Sources) as runnable scenarios. Each one starts
+//! its own stubs and orchestrator in-process ([`rig`]), drives the source's situation through real
+//! gRPC, and judges what it measured against the source's expectation: a [`Report`] of checks, each
+//! with the source's figure next to ours. A scenario never decides its verdict from configuration;
 //! it only measures, so a build without the protection it exercises fails it.
 //!
 //! # Layout
 //! - `rig`: stubs + orchestrator + clients, started per scenario.
 //! - `samples`: what an open-loop run recorded per order, and the arithmetic over it.
-//! - one file per scenario: [`cart_stall`] (seed 001), [`op_834`] and [`retry_tax`] (seed 002),
-//!   [`fraud_timeout`] (seed 003), [`payrail_night`] (seed 004), [`surge`] (issue 9 §1).
+//! - one file per scenario: [`cart_stall`] (the timeout contract), [`op_834`] and [`retry_tax`] (the deadlines chapter),
+//!   [`fraud_timeout`] (the latency-budget note), [`payrail_night`] ("Timeouts Everywhere"),
+//!   [`surge`] and [`hedge`] (the project's own overload and tail-latency targets).
 
 pub mod cart_stall;
 pub mod fraud_timeout;
@@ -87,7 +88,7 @@ pub enum ScenarioError {
     Setup(String),
 }
 
-/// One judged expectation: what is checked, the seed's figure, ours, and whether ours meets it.
+/// One judged expectation: what is checked, the source's figure, ours, and whether ours meets it.
 #[derive(Debug, Clone)]
 pub struct Check {
     /// What is measured.
@@ -147,7 +148,7 @@ impl Report {
         !self.checks.is_empty() && self.checks.iter().all(|c| c.pass)
     }
 
-    /// The report as a table: one row per check, the seed's figure next to ours.
+    /// The report as a table: one row per check, the source's figure next to ours.
     pub fn table(&self) -> String {
         let width = |f: fn(&Check) -> &str, title: &str| {
             self.checks
@@ -214,35 +215,35 @@ impl Scenario {
 pub const ALL: [Scenario; 7] = [
     Scenario {
         name: "cart-stall",
-        seed: "seed 001 (timeout contract)",
+        seed: "timeout contract",
         summary: "cart +2,300 ms under a 2,500 ms deadline: no wallet call, every answer in time; \
                   <= 100 ms left: fast-fail on arrival",
         body: |o| Box::pin(cart_stall::run(o)),
     },
     Scenario {
         name: "op-834",
-        seed: "seed 002 (deadlines and idempotency)",
+        seed: "deadlines and idempotency chapter",
         summary: "240 ms deadline, the wallet would commit at 388 ms: no effect after the \
                   deadline; a retry with the same key replays the stored answer",
         body: |o| Box::pin(op_834::run(o)),
     },
     Scenario {
         name: "retry-tax",
-        seed: "seed 002 (deadlines and idempotency)",
+        seed: "deadlines and idempotency chapter",
         summary: "10,000 orders, 220 transient capture failures: retry tax ~2.2 % within 8 %; \
                   a wide capture outage: retries stop at the budget, nothing lost",
         body: |o| Box::pin(retry_tax::run(o)),
     },
     Scenario {
         name: "fraud-timeout",
-        seed: "seed 003 (latency budgets)",
+        seed: "latency-budget note",
         summary: "fraud times out, the hold goes: PENDING FRAUD_REVIEW, not an error; the caller \
                   cancelling mid-flight cancels every branch",
         body: |o| Box::pin(fraud_timeout::run(o)),
     },
     Scenario {
         name: "payrail-night",
-        seed: "seed 004 (timeouts everywhere)",
+        seed: "Timeouts Everywhere",
         summary: "wallet Hold at 4 s for 30 s, 300 orders/s, 2.5 s deadlines: answers in time, \
                   holds within the bulkhead, probe rate once the breaker opens, bounded reconcile \
                   work, CONFIRMED within 5 s of recovery",
@@ -250,14 +251,14 @@ pub const ALL: [Scenario; 7] = [
     },
     Scenario {
         name: "surge",
-        seed: "issue 9 section 1 (load shedding)",
+        seed: "load-shedding target",
         summary: "10 s at 4,400 orders/s, 2 s deadlines: CONFIRMED >= 0.8x saturation, none late, \
                   BUDGET_EXHAUSTED <= 1 %, refusals p99 <= 20 ms, p99 back within 3 s",
         body: |o| Box::pin(surge::run(o)),
     },
     Scenario {
         name: "hedge",
-        seed: "issue 9 section 3 (hedging)",
+        seed: "hedging target",
         summary: "fraud Score log-normal (2 ms median, 300 ms p99) at 200 orders/s: p99 >= 3x \
                   lower with hedging than with steps.fraud.hedge = false, <= 5 % extra calls",
         body: |o| Box::pin(hedge::run(o)),

@@ -1,4 +1,4 @@
-//! `op-834` (seed 002's trace): the caller allows 240 ms; the service reaches the ledger at 79 ms
+//! `op-834` (the traced capture of "Deadlines, Timeouts, Retries, Hedging, and Idempotency"): the caller allows 240 ms; the service reaches the ledger at 79 ms
 //! and the ledger would commit at 388 ms, after the caller gave up; the client retries op-834 at
 //! 427 ms. Modelled with cart 18 ms, fraud 61 ms (so the hold leaves at about 79 ms) and a wallet
 //! Hold taking 309 ms. Expected: an answer before 240 ms, no wallet effect after the deadline of

@@ -1,6 +1,6 @@
-//! `payrail-night` (seed 004, "Timeouts Everywhere"; issue 9 §2's target): the wallet's `Hold`
+//! `payrail-night` ("Timeouts Everywhere"; the isolation target): the wallet's `Hold`
 //! answers in 4 s instead of milliseconds for 30 s while orders arrive at 300/s under 2.5 s
-//! deadlines. In the seed, 20 pooled connections filled in 12 s and 402 checkouts queued behind
+//! deadlines. In the chapter, 20 pooled connections filled in 12 s and 402 checkouts queued behind
 //! them while health said "ok". Expected here:
 //! - every answer before its deadline;
 //! - concurrent holds at the wallet (as the stub counts them) never above the bulkhead,

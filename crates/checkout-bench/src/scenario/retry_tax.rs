@@ -1,11 +1,11 @@
-//! `retry-tax` (seed 002, "attempts are a tax on logical work"): 10,000 orders while 2.2 % of
+//! `retry-tax` (the deadlines chapter: "attempts are a tax on logical work"): 10,000 orders while 2.2 % of
 //! wallet captures fail transiently (UNAVAILABLE). One deliberate retry layer — the worker — must
 //! add exactly one attempt per failure: a 2.2 % tax, inside the 8 % budget. Then a wide capture
 //! outage: retries must stop at the budget (8 % of first attempts over 10 s plus 10 per second,
-//! SPEC §6) and wait rather than multiply; once captures work again and the shop keeps selling,
+//! docs/design.md §6) and wait rather than multiply; once captures work again and the shop keeps selling,
 //! every hold is captured or released and nothing is parked: nothing lost.
 //!
-//! The budget judged is the seed's (8 %, 10/s, 10 s), not the configured one: a policy that
+//! The budget judged is the chapter's (8 %, 10/s, 10 s), not the configured one: a policy that
 //! lets retries through unbounded fails here.
 
 use std::time::{Duration, Instant};
@@ -19,7 +19,7 @@ use checkout_proto::stub::v1::Fault;
 
 /// The seed's retry budget: retries at most this share of first attempts...
 const BUDGET_PERCENT: f64 = 8.0;
-/// ...plus this many per second (SPEC §6)...
+/// ...plus this many per second (docs/design.md §6)...
 const FLOOR_PER_SECOND: f64 = 10.0;
 /// ...over this window.
 const WINDOW: Duration = Duration::from_secs(10);
@@ -202,7 +202,7 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
     let retries = during.retries - before.retries;
     let firsts = during.first_attempts - before.first_attempts;
     let deferred = during.deferred - before.deferred;
-    // The most the seed's budget can let through over the outage: its share of every first
+    // The most the chapter's budget can let through over the outage: its share of every first
     // attempt so far (the window reaches back before the outage) plus the floor over the
     // outage and one window.
     let allowance = BUDGET_PERCENT / 100.0 * during.first_attempts as f64

@@ -10,7 +10,7 @@ use tonic_types::StatusExt;
 
 use crate::load::{Answer, Shot};
 
-/// The ErrorInfo reason of a refusal by admission control (SPEC §10 "Overload").
+/// The ErrorInfo reason of a refusal by admission control (docs/design.md §10).
 pub const OVERLOADED: &str = "OVERLOADED";
 
 /// One order of a run.

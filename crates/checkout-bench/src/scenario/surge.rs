@@ -1,6 +1,6 @@
-//! `surge` (issue 9 §1's target, load shedding): first the service's own saturation throughput is
+//! `surge` (the load-shedding target: docs/design.md §10): first the service's own saturation throughput is
 //! measured (closed loop, CONFIRMED per second), then an open loop with 2 s deadlines runs at a
-//! normal rate (30 % of saturation), surges to 4,400 orders/s (four times seed 001's peak) for
+//! normal rate (30 % of saturation), surges to 4,400 orders/s (four times the timeout contract's peak) for
 //! 10 s, and returns to the normal rate. A machine that saturates above 2,200/s gets twice its
 //! saturation instead: a surge it could nearly absorb would test no shedding. Expected:
 //! - CONFIRMED throughput during the surge >= 0.8 x the saturation throughput of the same run;
@@ -38,7 +38,7 @@ const CONNECTIONS: usize = 16;
 const WARM_UP: Duration = Duration::from_secs(1);
 /// The normal rate, as a share of the measured saturation throughput.
 const NORMAL_SHARE: f64 = 0.3;
-/// The surge: four times seed 001's peak of 1,100 checkouts/s.
+/// The surge: four times the timeout contract's peak of 1,100 checkouts/s.
 const FULL_SURGE: f64 = 4_400.0;
 /// In full, a machine saturating above half of [`FULL_SURGE`] surges to this many times its
 /// saturation instead.
@@ -89,7 +89,7 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
     .await?;
 
     let normal = (saturated * NORMAL_SHARE).max(20.0);
-    // Four times the seed's peak in full, or twice saturation if that is more; quick, four times
+    // Four times the timeout contract's peak in full, or twice saturation if that is more; quick, four times
     // what this build sustains (a debug build on a busy machine saturates far below 1,100/s), at
     // most the full surge.
     let surge_rate = if options.quick {

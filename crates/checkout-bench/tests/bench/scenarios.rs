@@ -1,4 +1,4 @@
-//! The seeds as runnable scenarios: the quick versions of the scenarios whose protections exist
+//! The incidents as runnable scenarios: the quick versions of the scenarios whose protections exist
 //! today pass through the library entry point, and through the real binary a scenario run
 //! without its protection exits non-zero with the failed check in its table.
 //!
