@@ -10,9 +10,9 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use serde::Deserialize;
 
 pub use crate::admission::AdmissionPolicy;
-pub use crate::downstream::{
-    BreakerPolicy, DownstreamAddrs, HEDGEABLE, HedgePolicy, StepPolicy, Steps,
-};
+pub use crate::deadline::DeadlinePolicy;
+pub use crate::downstream::{BreakerPolicy, DownstreamAddrs, HedgePolicy};
+pub use crate::steps::{HEDGEABLE, StepPolicy, Steps};
 pub use crate::tls::{DownstreamTlsConfig, TlsConfig};
 
 /// Why a configuration was refused. Each message says everything once: the file, where in it
@@ -222,48 +222,6 @@ impl std::fmt::Display for AdminListen {
         match self.0 {
             Some(addr) => write!(f, "{addr}"),
             None => f.write_str("off"),
-        }
-    }
-}
-
-/// docs/design.md §3: reading and spending the caller's deadline.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DeadlinePolicy {
-    /// Cap on any deadline, and the deadline when the caller sends none.
-    #[serde(with = "humantime_serde")]
-    pub server_budget_max: Duration,
-    /// Subtracted from `request-deadline-ms` (docs/design.md §8).
-    #[serde(with = "humantime_serde")]
-    pub request_deadline_ms_reserve: Duration,
-    /// Kept back from every child budget so the answer can still be sent in time.
-    #[serde(with = "humantime_serde")]
-    pub return_reserve: Duration,
-    /// Kept back from every child budget, on top of `return_reserve`, so the decision can be
-    /// written durably before the answer leaves. 0 gives docs/design.md §3's formula exactly.
-    #[serde(with = "humantime_serde")]
-    pub record_reserve: Duration,
-    /// Below this (after the return reserve) a request is refused on arrival.
-    #[serde(with = "humantime_serde")]
-    pub fast_fail_floor: Duration,
-    /// A downstream call is not sent with less than this.
-    #[serde(with = "humantime_serde")]
-    pub min_to_send: Duration,
-    /// Subtracted from an absolute `x-request-deadline` for clock skew between hosts.
-    #[serde(with = "humantime_serde")]
-    pub clock_skew_allowance: Duration,
-}
-
-impl Default for DeadlinePolicy {
-    fn default() -> Self {
-        Self {
-            server_budget_max: Duration::from_millis(2400),
-            request_deadline_ms_reserve: Duration::from_millis(600),
-            return_reserve: Duration::from_millis(50),
-            record_reserve: Duration::from_millis(20),
-            fast_fail_floor: Duration::from_millis(100),
-            min_to_send: Duration::from_millis(50),
-            clock_skew_allowance: Duration::from_millis(5),
         }
     }
 }
@@ -599,13 +557,7 @@ impl Config {
     /// later step could not be sent, and an admitted order could only be finished by the
     /// worker after its caller's deadline. 220 ms with the defaults.
     pub fn admission_floor(&self) -> Duration {
-        let (d, s) = (&self.deadline, &self.steps);
-        let shortest_path = d.return_reserve
-            + d.record_reserve
-            + s.cart.min_budget
-            + s.fraud.min_budget.max(s.inventory.min_budget)
-            + s.wallet_hold.min_budget;
-        (d.fast_fail_floor + d.return_reserve).max(shortest_path)
+        crate::budget::admission_floor(&self.deadline, &self.steps)
     }
 
     /// Checks that the numbers agree with each other.

@@ -42,6 +42,7 @@ pub mod downstream;
 pub use checkout_proto as proto;
 pub mod readiness;
 pub mod server;
+pub mod steps;
 pub mod store;
 pub mod tls;
 pub mod worker;

@@ -12,41 +12,22 @@ use std::time::{Duration, Instant};
 
 pub use waterfall::{StepOutcome, StepRecord, Waterfall, duration as waterfall_duration};
 
-use crate::config::{Config, DeadlinePolicy, Steps};
-use crate::deadline::Deadline;
+use crate::deadline::{Deadline, DeadlinePolicy};
+pub use crate::steps::Step;
+use crate::steps::Steps;
 
-/// One downstream step of the flow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Step {
-    /// `cart.FreezeCart`.
-    Cart,
-    /// `fraud.Score`.
-    Fraud,
-    /// `inventory.Reserve` (and the worker's Commit/Release).
-    Inventory,
-    /// `wallet.Hold` (and the worker's Capture/Release).
-    WalletHold,
-    /// `wallet.LookupByReference`.
-    WalletLookup,
-}
-
-impl Step {
-    /// The name reported in `BudgetStep.name`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Cart => "cart",
-            Self::Fraud => "fraud",
-            Self::Inventory => "inventory",
-            Self::WalletHold => "wallet_hold",
-            Self::WalletLookup => "wallet_lookup",
-        }
-    }
-}
-
-impl std::fmt::Display for Step {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
+/// The least time a request must have left to be admitted: max(`fast_fail_floor` +
+/// `return_reserve`, the shortest path), the shortest path being both reserves plus every
+/// stage's `min_budget` (cart, the larger of fraud and inventory, which run side by side, and
+/// the hold). A deadline below it could not fit the path and would be answered PENDING and
+/// finished after the caller left.
+pub fn admission_floor(d: &DeadlinePolicy, s: &Steps) -> Duration {
+    let shortest_path = d.return_reserve
+        + d.record_reserve
+        + s.cart.min_budget
+        + s.fraud.min_budget.max(s.inventory.min_budget)
+        + s.wallet_hold.min_budget;
+    (d.fast_fail_floor + d.return_reserve).max(shortest_path)
 }
 
 /// The time one downstream call may take. Only [`Budgeter`] makes these, and never below
@@ -117,11 +98,11 @@ pub struct Budgeter {
 
 impl Budgeter {
     /// From the `deadline` and `steps` sections of the config.
-    pub fn new(config: &Config) -> Self {
+    pub fn new(deadline: &DeadlinePolicy, steps: &Steps) -> Self {
         Self {
-            deadline: config.deadline,
-            steps: config.steps,
-            admission_floor: config.admission_floor(),
+            deadline: *deadline,
+            steps: *steps,
+            admission_floor: admission_floor(deadline, steps),
         }
     }
 
@@ -139,7 +120,7 @@ impl Budgeter {
     }
 
     /// The least time a request must have left to be admitted: see
-    /// [`Config::admission_floor`].
+    /// [`admission_floor`].
     pub fn admission_floor(&self) -> Duration {
         self.admission_floor
     }
@@ -249,7 +230,7 @@ mod tests {
 
     #[test]
     fn a_full_budget_gives_each_step_its_cap() {
-        let b = Budgeter::new(&Config::default());
+        let b = Budgeter::new(&DeadlinePolicy::default(), &Steps::default());
         let start = Instant::now();
         let d = deadline_ms(2400, start);
         let cart = b.allot_at(&d, Step::Cart, start).expect("sent");
@@ -264,7 +245,7 @@ mod tests {
 
     #[test]
     fn a_short_budget_leaves_the_reserves_and_later_minimums() {
-        let b = Budgeter::new(&Config::default());
+        let b = Budgeter::new(&DeadlinePolicy::default(), &Steps::default());
         let start = Instant::now();
         let d = deadline_ms(400, start);
         // 400 - 50 return - 20 record - 50 (fraud/inventory stage) - 50 (hold) = 230 < cap 300.
@@ -283,7 +264,7 @@ mod tests {
 
     #[test]
     fn admission_refuses_what_cannot_fit_the_shortest_path() {
-        let b = Budgeter::new(&Config::default());
+        let b = Budgeter::new(&DeadlinePolicy::default(), &Steps::default());
         assert_eq!(b.admission_floor(), Duration::from_millis(220));
         let now = Instant::now();
         let refused = b
@@ -301,17 +282,19 @@ mod tests {
 
     #[test]
     fn the_fast_fail_floor_wins_when_it_is_the_larger() {
-        let mut config = Config::default();
-        config.deadline.fast_fail_floor = Duration::from_millis(400);
+        let deadline = DeadlinePolicy {
+            fast_fail_floor: Duration::from_millis(400),
+            ..DeadlinePolicy::default()
+        };
         assert_eq!(
-            Budgeter::new(&config).admission_floor(),
+            Budgeter::new(&deadline, &Steps::default()).admission_floor(),
             Duration::from_millis(450)
         );
     }
 
     #[test]
     fn background_budgets_ignore_step_caps() {
-        let b = Budgeter::new(&Config::default());
+        let b = Budgeter::new(&DeadlinePolicy::default(), &Steps::default());
         let d = Deadline::after(Duration::from_secs(2));
         let hold = b.allot_background(&d, Step::Inventory).expect("sent");
         assert!(hold.timeout() > Duration::from_millis(1500));

@@ -93,7 +93,7 @@ impl Orchestrator {
         // The gauges show the limit from the start, not from the first order.
         metrics::admission(limiter.limit(), limiter.in_flight());
         Self {
-            budgeter: Budgeter::new(&config),
+            budgeter: Budgeter::new(&config.deadline, &config.steps),
             limiter,
             config,
             downstreams,

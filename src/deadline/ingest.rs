@@ -5,8 +5,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tonic::metadata::MetadataMap;
 
-use super::{Deadline, DeadlineSource, epoch_ms, grpc_timeout};
-use crate::config::DeadlinePolicy;
+use super::{Deadline, DeadlinePolicy, DeadlineSource, epoch_ms, grpc_timeout};
 
 pub use checkout_proto::metadata::{
     GRPC_TIMEOUT, REQUEST_DEADLINE_MS, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, X_REQUEST_DEADLINE,

@@ -2,11 +2,13 @@
 //! spends from.
 
 mod ingest;
+mod policy;
 
 use std::time::{Duration, Instant, SystemTime};
 
 pub use checkout_proto::grpc_timeout;
 pub use checkout_proto::metadata::{epoch_ms, now_ms};
+pub use policy::DeadlinePolicy;
 
 pub use ingest::{
     GRPC_TIMEOUT, IngestError, REQUEST_DEADLINE_MS, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,

@@ -15,94 +15,117 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
 
 use super::CallClass;
-use super::Steps;
 use super::breaker::{Breaker, BreakerPolicy, Outcome};
 use super::bulkhead::Bulkhead;
-use crate::budget::ChildBudget;
+use crate::budget::{ChildBudget, Step};
 use crate::deadline::{GRPC_TIMEOUT, X_REQUEST_DEADLINE, grpc_timeout};
+use crate::steps::Steps;
 
-/// One downstream RPC: the service logs and metrics name, and the full gRPC method.
+/// The four downstream services, as logs and metrics name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rpc {
+pub enum Service {
+    /// `cart.v1.CartService`.
+    Cart,
+    /// `fraud.v1.FraudService`.
+    Fraud,
+    /// `inventory.v1.InventoryService`.
+    Inventory,
+    /// `wallet.v1.WalletService`.
+    Wallet,
+}
+
+impl Service {
+    /// Every service, in declaration order (`service as usize` indexes this).
+    pub const ALL: [Self; 4] = [Self::Cart, Self::Fraud, Self::Inventory, Self::Wallet];
+
     /// `cart`, `fraud`, `inventory` or `wallet`.
-    pub service: &'static str,
-    /// The fully qualified method, e.g. `wallet.v1.WalletService/Hold`.
-    pub method: &'static str,
-    /// Index of its service: its failure log in [`FAILURE_LOGS`].
-    log: usize,
-    /// Index of its step's bulkhead (cart, fraud, inventory, wallet_hold, wallet_lookup).
-    step: usize,
-    /// Index of its own circuit breaker in [`Guards`] (one per method, in [`Rpc::ALL`] order).
-    breaker: usize,
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Cart => "cart",
+            Self::Fraud => "fraud",
+            Self::Inventory => "inventory",
+            Self::Wallet => "wallet",
+        }
+    }
+}
+
+/// Every downstream RPC this service sends: its gRPC method, its service, and the step whose
+/// bulkhead it passes. Each has a circuit breaker of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rpc {
+    /// `cart.v1.CartService/FreezeCart`.
+    CartFreeze,
+    /// `fraud.v1.FraudService/Score`.
+    FraudScore,
+    /// `inventory.v1.InventoryService/Reserve`.
+    InventoryReserve,
+    /// `inventory.v1.InventoryService/Commit` (the worker's, under the inventory bulkhead).
+    InventoryCommit,
+    /// `inventory.v1.InventoryService/Release`.
+    InventoryRelease,
+    /// `wallet.v1.WalletService/Hold`.
+    WalletHold,
+    /// `wallet.v1.WalletService/Capture` (the worker's, under the hold's bulkhead).
+    WalletCapture,
+    /// `wallet.v1.WalletService/Release`.
+    WalletRelease,
+    /// `wallet.v1.WalletService/LookupByReference`.
+    WalletLookup,
 }
 
 impl Rpc {
-    /// `cart.v1.CartService/FreezeCart`.
-    pub const CART_FREEZE: Self = Self::new("cart", "cart.v1.CartService/FreezeCart", 0, 0, 0);
-    /// `fraud.v1.FraudService/Score`.
-    pub const FRAUD_SCORE: Self = Self::new("fraud", "fraud.v1.FraudService/Score", 1, 1, 1);
-    /// `inventory.v1.InventoryService/Reserve`.
-    pub const INVENTORY_RESERVE: Self = Self::new(
-        "inventory",
-        "inventory.v1.InventoryService/Reserve",
-        2,
-        2,
-        2,
-    );
-    /// `inventory.v1.InventoryService/Commit`.
-    pub const INVENTORY_COMMIT: Self =
-        Self::new("inventory", "inventory.v1.InventoryService/Commit", 2, 2, 3);
-    /// `inventory.v1.InventoryService/Release`.
-    pub const INVENTORY_RELEASE: Self = Self::new(
-        "inventory",
-        "inventory.v1.InventoryService/Release",
-        2,
-        2,
-        4,
-    );
-    /// `wallet.v1.WalletService/Hold`.
-    pub const WALLET_HOLD: Self = Self::new("wallet", "wallet.v1.WalletService/Hold", 3, 3, 5);
-    /// `wallet.v1.WalletService/Capture`.
-    pub const WALLET_CAPTURE: Self =
-        Self::new("wallet", "wallet.v1.WalletService/Capture", 3, 3, 6);
-    /// `wallet.v1.WalletService/Release`.
-    pub const WALLET_RELEASE: Self =
-        Self::new("wallet", "wallet.v1.WalletService/Release", 3, 3, 7);
-    /// `wallet.v1.WalletService/LookupByReference`.
-    pub const WALLET_LOOKUP: Self = Self::new(
-        "wallet",
-        "wallet.v1.WalletService/LookupByReference",
-        3,
-        4,
-        8,
-    );
-
-    /// Every method, in the order of their breakers.
+    /// Every method, in declaration order (`rpc as usize` indexes this, and the breakers).
     pub const ALL: [Self; 9] = [
-        Self::CART_FREEZE,
-        Self::FRAUD_SCORE,
-        Self::INVENTORY_RESERVE,
-        Self::INVENTORY_COMMIT,
-        Self::INVENTORY_RELEASE,
-        Self::WALLET_HOLD,
-        Self::WALLET_CAPTURE,
-        Self::WALLET_RELEASE,
-        Self::WALLET_LOOKUP,
+        Self::CartFreeze,
+        Self::FraudScore,
+        Self::InventoryReserve,
+        Self::InventoryCommit,
+        Self::InventoryRelease,
+        Self::WalletHold,
+        Self::WalletCapture,
+        Self::WalletRelease,
+        Self::WalletLookup,
     ];
 
-    const fn new(
-        service: &'static str,
-        method: &'static str,
-        log: usize,
-        step: usize,
-        breaker: usize,
-    ) -> Self {
-        Self {
-            service,
-            method,
-            log,
-            step,
-            breaker,
+    /// The fully qualified method, e.g. `wallet.v1.WalletService/Hold`.
+    pub const fn method(self) -> &'static str {
+        match self {
+            Self::CartFreeze => "cart.v1.CartService/FreezeCart",
+            Self::FraudScore => "fraud.v1.FraudService/Score",
+            Self::InventoryReserve => "inventory.v1.InventoryService/Reserve",
+            Self::InventoryCommit => "inventory.v1.InventoryService/Commit",
+            Self::InventoryRelease => "inventory.v1.InventoryService/Release",
+            Self::WalletHold => "wallet.v1.WalletService/Hold",
+            Self::WalletCapture => "wallet.v1.WalletService/Capture",
+            Self::WalletRelease => "wallet.v1.WalletService/Release",
+            Self::WalletLookup => "wallet.v1.WalletService/LookupByReference",
+        }
+    }
+
+    /// The service it belongs to.
+    pub const fn service(self) -> Service {
+        match self {
+            Self::CartFreeze => Service::Cart,
+            Self::FraudScore => Service::Fraud,
+            Self::InventoryReserve | Self::InventoryCommit | Self::InventoryRelease => {
+                Service::Inventory
+            }
+            Self::WalletHold | Self::WalletCapture | Self::WalletRelease | Self::WalletLookup => {
+                Service::Wallet
+            }
+        }
+    }
+
+    /// The step whose bulkhead it passes (the worker's calls share the request path's).
+    pub const fn step(self) -> Step {
+        match self {
+            Self::CartFreeze => Step::Cart,
+            Self::FraudScore => Step::Fraud,
+            Self::InventoryReserve | Self::InventoryCommit | Self::InventoryRelease => {
+                Step::Inventory
+            }
+            Self::WalletHold | Self::WalletCapture | Self::WalletRelease => Step::WalletHold,
+            Self::WalletLookup => Step::WalletLookup,
         }
     }
 }
@@ -117,9 +140,9 @@ impl Rpc {
 /// captures kept the failure rate near 50 %, and holds kept being sent.
 #[derive(Debug, Clone)]
 pub struct Guards {
-    /// cart, fraud, inventory, wallet_hold, wallet_lookup.
+    /// One per step, in [`Step::ALL`] order (`step as usize`).
     bulkheads: [Bulkhead; 5],
-    /// One per method, in [`Rpc::ALL`] order.
+    /// One per method, in [`Rpc::ALL`] order (`rpc as usize`).
     breakers: [Breaker; 9],
 }
 
@@ -133,19 +156,15 @@ impl Guards {
         });
         let breakers = Rpc::ALL.map(|rpc| {
             checkout_telemetry::metrics::breaker_state(
-                rpc.method,
+                rpc.method(),
                 super::BreakerState::Closed.as_str(),
             );
-            Breaker::with_hook(rpc.method, breaker, now, hook.clone())
+            Breaker::with_hook(rpc.method(), breaker, now, hook.clone())
         });
+        let bulkheads =
+            Step::ALL.map(|step| Bulkhead::new(step.name(), steps.get(step).max_concurrency));
         Self {
-            bulkheads: [
-                Bulkhead::new("cart", steps.cart.max_concurrency),
-                Bulkhead::new("fraud", steps.fraud.max_concurrency),
-                Bulkhead::new("inventory", steps.inventory.max_concurrency),
-                Bulkhead::new("wallet_hold", steps.wallet_hold.max_concurrency),
-                Bulkhead::new("wallet_lookup", steps.wallet_lookup.max_concurrency),
-            ],
+            bulkheads,
             breakers,
         }
     }
@@ -190,7 +209,7 @@ static FAILURE_LOGS: [FailureLog; 4] = [const {
 
 /// Logs a call the downstream could not answer, at most once a second per service.
 fn log_failure(rpc: Rpc, error: &CallError) {
-    let log = &FAILURE_LOGS[rpc.log];
+    let log = &FAILURE_LOGS[rpc.service() as usize];
     let now = crate::deadline::now_ms();
     let last = log.last_ms.load(Ordering::Relaxed);
     if now.saturating_sub(last) < LOG_INTERVAL_MS
@@ -204,8 +223,8 @@ fn log_failure(rpc: Rpc, error: &CallError) {
     }
     let suppressed = log.suppressed.swap(0, Ordering::Relaxed);
     tracing::warn!(
-        service = rpc.service,
-        method = rpc.method,
+        service = rpc.service().name(),
+        method = rpc.method(),
         class = error.class().as_str(),
         error = %error.detail(),
         similar_failures_not_logged = suppressed,
@@ -279,11 +298,11 @@ where
         return Err(CallError::Cancelled);
     }
     let started = Instant::now();
-    let breaker = match guards.breakers[rpc.breaker].try_call(started) {
+    let breaker = match guards.breakers[rpc as usize].try_call(started) {
         Ok(permit) => permit,
         Err(_) => return Err(refused(rpc, budget, Refusal::BreakerOpen)),
     };
-    let Ok(_slot) = guards.bulkheads[rpc.step].try_enter() else {
+    let Ok(_slot) = guards.bulkheads[rpc.step() as usize].try_enter() else {
         // Not sent: says nothing of the service's health, so the breaker is not told.
         drop(breaker);
         return Err(refused(rpc, budget, Refusal::BulkheadFull));
@@ -301,8 +320,8 @@ where
         MetadataValue::from(budget.forward_epoch_ms()),
     );
     // The attempt's client span; its trace context goes out as `traceparent`.
-    let attempt = super::AttemptSpan::start(rpc.method, budget, metadata);
-    tracing::trace!(method = rpc.method, step = %budget.step(), budget = ?budget.timeout(), "sending");
+    let attempt = super::AttemptSpan::start(rpc.method(), budget, metadata);
+    tracing::trace!(method = rpc.method(), step = %budget.step(), budget = ?budget.timeout(), "sending");
 
     let result = tokio::select! {
         biased;

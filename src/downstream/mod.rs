@@ -13,7 +13,6 @@ pub mod bulkhead;
 mod call;
 mod classify;
 pub mod hedge;
-mod steps;
 mod trace;
 
 use tokio_util::sync::CancellationToken;
@@ -28,7 +27,6 @@ pub use classify::{
     error_reason,
 };
 pub use hedge::{Attempt, HedgePolicy, Hedger};
-pub use steps::{HEDGEABLE, StepPolicy, Steps};
 pub use trace::{
     AttemptKind, AttemptSpan, as_attempt, attempt_refused, cancel_reason, operation_context,
 };
@@ -37,6 +35,7 @@ use crate::budget::ChildBudget;
 use crate::proto::{
     cart::v1 as cart, fraud::v1 as fraud, inventory::v1 as inventory, wallet::v1 as wallet,
 };
+use crate::steps::{StepPolicy, Steps};
 use cart::cart_service_client::CartServiceClient;
 use fraud::fraud_service_client::FraudServiceClient;
 use inventory::inventory_service_client::InventoryServiceClient;
@@ -276,7 +275,7 @@ impl Downstreams {
     ) -> Result<cart::FreezeCartResponse, CallError> {
         let mut client = self.cart.clone();
         call::send(
-            Rpc::CART_FREEZE,
+            Rpc::CartFreeze,
             &self.guards,
             budget,
             cancel,
@@ -295,7 +294,7 @@ impl Downstreams {
     ) -> Result<fraud::ScoreResponse, CallError> {
         let mut client = self.fraud.clone();
         call::send(
-            Rpc::FRAUD_SCORE,
+            Rpc::FraudScore,
             &self.guards,
             budget,
             cancel,
@@ -314,7 +313,7 @@ impl Downstreams {
     ) -> Result<inventory::ReserveResponse, CallError> {
         let mut client = self.inventory.clone();
         call::send(
-            Rpc::INVENTORY_RESERVE,
+            Rpc::InventoryReserve,
             &self.guards,
             budget,
             cancel,
@@ -336,7 +335,7 @@ impl Downstreams {
             reference: reference.to_owned(),
         };
         call::send(
-            Rpc::INVENTORY_COMMIT,
+            Rpc::InventoryCommit,
             &self.guards,
             budget,
             cancel,
@@ -358,7 +357,7 @@ impl Downstreams {
             reference: reference.to_owned(),
         };
         call::send(
-            Rpc::INVENTORY_RELEASE,
+            Rpc::InventoryRelease,
             &self.guards,
             budget,
             cancel,
@@ -377,7 +376,7 @@ impl Downstreams {
     ) -> Result<wallet::HoldResponse, CallError> {
         let mut client = self.wallet.clone();
         call::send(
-            Rpc::WALLET_HOLD,
+            Rpc::WalletHold,
             &self.guards,
             budget,
             cancel,
@@ -399,7 +398,7 @@ impl Downstreams {
             reference: reference.to_owned(),
         };
         call::send(
-            Rpc::WALLET_CAPTURE,
+            Rpc::WalletCapture,
             &self.guards,
             budget,
             cancel,
@@ -421,7 +420,7 @@ impl Downstreams {
             reference: reference.to_owned(),
         };
         call::send(
-            Rpc::WALLET_RELEASE,
+            Rpc::WalletRelease,
             &self.guards,
             budget,
             cancel,
@@ -443,7 +442,7 @@ impl Downstreams {
             reference: reference.to_owned(),
         };
         call::send(
-            Rpc::WALLET_LOOKUP,
+            Rpc::WalletLookup,
             &self.guards,
             budget,
             cancel,

@@ -110,7 +110,7 @@ impl Worker {
             rand::random::<u32>()
         );
         Self {
-            budgeter: Budgeter::new(&config),
+            budgeter: Budgeter::new(&config.deadline, &config.steps),
             retry_budget: Arc::new(RetryBudget::new(&config.retry_budget)),
             compensation_budget: Arc::new(RetryBudget::new(&config.retry_budget)),
             config,

@@ -1,10 +1,56 @@
-//! The limits of each downstream step of the flow (`[steps.<step>]`): how long it may take,
-//! how long its channel may take to connect, what earlier steps leave for it, its bulkhead, and
-//! whether it hedges.
+//! The five downstream steps of the flow and the limits of each (`[steps.<step>]`): how long it
+//! may take, how long its channel may take to connect, what earlier steps leave for it, its
+//! bulkhead, and whether it hedges. A leaf: the budget carves by these limits and the
+//! downstream clients enforce them, and both read them from here.
 
 use std::time::Duration;
 
 use serde::Deserialize;
+
+/// One downstream step of the flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// `cart.FreezeCart`.
+    Cart,
+    /// `fraud.Score`.
+    Fraud,
+    /// `inventory.Reserve` (and the worker's Commit/Release).
+    Inventory,
+    /// `wallet.Hold` (and the worker's Capture/Release).
+    WalletHold,
+    /// `wallet.LookupByReference`.
+    WalletLookup,
+}
+
+impl Step {
+    /// The name reported in `BudgetStep.name`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cart => "cart",
+            Self::Fraud => "fraud",
+            Self::Inventory => "inventory",
+            Self::WalletHold => "wallet_hold",
+            Self::WalletLookup => "wallet_lookup",
+        }
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Step {
+    /// Every step, in declaration order (`step as usize` indexes this).
+    pub const ALL: [Self; 5] = [
+        Self::Cart,
+        Self::Fraud,
+        Self::Inventory,
+        Self::WalletHold,
+        Self::WalletLookup,
+    ];
+}
 
 /// Limits of one downstream step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +182,17 @@ impl From<StepTables> for Steps {
 pub const HEDGEABLE: [&str; 3] = ["cart", "fraud", "wallet_lookup"];
 
 impl Steps {
+    /// The limits of `step`.
+    pub fn get(&self, step: Step) -> &StepPolicy {
+        match step {
+            Step::Cart => &self.cart,
+            Step::Fraud => &self.fraud,
+            Step::Inventory => &self.inventory,
+            Step::WalletHold => &self.wallet_hold,
+            Step::WalletLookup => &self.wallet_lookup,
+        }
+    }
+
     /// Every step with its config name.
     pub fn named(&self) -> [(&'static str, &StepPolicy); 5] {
         [
