@@ -18,7 +18,7 @@ use tonic::Code;
 use crate::budget::{ChildBudget, Step, StepOutcome, Waterfall};
 use crate::downstream::AttemptKind;
 use crate::downstream::{
-    Attempt, CallClass, CallError, Downstreams, Hedger, HoldOutcome, HoldTerms, classify_hold,
+    CallClass, CallError, Downstreams, Hedger, HoldOutcome, HoldTerms, Role, classify_hold,
     error_reason,
 };
 use crate::proto::{
@@ -342,8 +342,8 @@ impl<'a> StepCalls<'a> {
                     let token = cancel.child_token();
                     // The first attempt keeps the caller's kind (`first`, or `worker` in a job).
                     let (budget, kind) = match attempt {
-                        Attempt::Primary => (Some(*budget), AttemptKind::current()),
-                        Attempt::Backup => (
+                        Role::Primary => (Some(*budget), AttemptKind::current()),
+                        Role::Backup => (
                             budget.remainder(started.elapsed(), Duration::ZERO),
                             AttemptKind::Hedge,
                         ),

@@ -26,7 +26,7 @@ pub use classify::{
     CallClass, EmptyHoldId, HoldId, HoldOutcome, HoldRejection, HoldTerms, classify_hold,
     error_reason,
 };
-pub use hedge::{Attempt, HedgePolicy, Hedger};
+pub use hedge::{HedgePolicy, Hedger, Role};
 pub use trace::{
     AttemptKind, AttemptSpan, as_attempt, attempt_refused, cancel_reason, operation_context,
 };

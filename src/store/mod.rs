@@ -26,7 +26,7 @@
 //!   commit the writes in groups (`postgres/writer.rs`), with one set-based statement per kind
 //!   of write (`postgres/batch.rs`; decisions in `postgres/decision.rs`).
 //! - `group.rs`: the hand-off of one write to a writer, bounded by the caller's limit (group
-//!   commit); `sql.rs`: statements and row decoding both SQL backends share; `call.rs`: the
+//!   commit); `sql.rs`: statements and row decoding both SQL backends share; `bounded.rs`: the
 //!   time bound of one call and how its failure is classified; `schema.rs`: the embedded
 //!   migrations (`migrations/sqlite/`, `migrations/postgres/`), applied at open.
 //!
@@ -38,7 +38,7 @@
 //! Every time is an epoch-millisecond value given by the caller (nothing reads a clock inside
 //! SQL), so tests are deterministic.
 
-mod call;
+mod bounded;
 mod group;
 mod memory;
 mod postgres;

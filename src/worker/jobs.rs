@@ -105,7 +105,7 @@ impl From<JobError> for Halt {
 }
 
 /// Everything an attempt needs.
-pub struct Attempt<'a> {
+pub struct JobAttempt<'a> {
     /// Shared clients.
     pub downstreams: &'a Downstreams,
     /// The store.
@@ -120,7 +120,7 @@ pub struct Attempt<'a> {
     pub stop: &'a CancellationToken,
 }
 
-impl<'a> Attempt<'a> {
+impl<'a> JobAttempt<'a> {
     /// Runs one attempt of `kind` for `order`.
     pub async fn run(&self, kind: JobKind, order: &OrderRecord) -> Result<Handled, JobError> {
         match kind {
@@ -173,7 +173,7 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// The steps of [`Attempt::drive`], decided by the worker's [`Rules`].
+    /// The steps of [`JobAttempt::drive`], decided by the worker's [`Rules`].
     async fn drive_steps(&self, order: &OrderRecord) -> Result<Verdict, Halt> {
         let rules = Rules::worker(self.config);
         // An earlier attempt may have reserved stock, and — once HOLD_SENT was recorded —

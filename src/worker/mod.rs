@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 pub use backoff::Backoff;
-pub use jobs::{Attempt, Handled, JobError};
+pub use jobs::{Handled, JobAttempt, JobError};
 pub use operator::OperatorApi;
 pub use retry_budget::RetryBudget;
 
@@ -276,7 +276,7 @@ impl Worker {
         if job.attempts == 0 {
             budget.first_attempt();
         }
-        let attempt = Attempt {
+        let attempt = JobAttempt {
             downstreams: &self.downstreams,
             store: self.store.as_ref(),
             config: &self.config,

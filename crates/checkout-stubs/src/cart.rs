@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::call;
+use super::handler;
 use super::method::Method;
 use super::state::State;
 use checkout_proto::cart::v1::cart_service_server::CartService;
@@ -25,7 +25,7 @@ impl CartService for Cart {
         &self,
         request: Request<FreezeCartRequest>,
     ) -> Result<Response<FreezeCartResponse>, Status> {
-        call::handle(&self.state, Method::CartFreezeCart, request, |data, r| {
+        handler::handle(&self.state, Method::CartFreezeCart, request, |data, r| {
             data.carts.freeze(r)
         })
         .await

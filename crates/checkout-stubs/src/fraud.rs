@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::applied::Applied;
-use super::call;
+use super::handler;
 use super::method::Method;
 use super::state::State;
 use checkout_proto::fraud::v1::fraud_service_server::FraudService;
@@ -40,7 +40,7 @@ impl FraudService for Fraud {
         &self,
         request: Request<ScoreRequest>,
     ) -> Result<Response<ScoreResponse>, Status> {
-        call::handle(&self.state, Method::FraudScore, request, |_, r| {
+        handler::handle(&self.state, Method::FraudScore, request, |_, r| {
             Applied::unchanged(score(&r.customer_id))
         })
         .await

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::call;
+use super::handler;
 use super::method::Method;
 use super::state::State;
 use checkout_proto::inventory::v1::inventory_service_server::InventoryService;
@@ -27,7 +27,7 @@ impl InventoryService for Inventory {
         &self,
         request: Request<ReserveRequest>,
     ) -> Result<Response<ReserveResponse>, Status> {
-        call::handle(&self.state, Method::InventoryReserve, request, |data, r| {
+        handler::handle(&self.state, Method::InventoryReserve, request, |data, r| {
             data.inventory.reserve(r)
         })
         .await
@@ -37,7 +37,7 @@ impl InventoryService for Inventory {
         &self,
         request: Request<CommitRequest>,
     ) -> Result<Response<CommitResponse>, Status> {
-        call::handle(&self.state, Method::InventoryCommit, request, |data, r| {
+        handler::handle(&self.state, Method::InventoryCommit, request, |data, r| {
             data.inventory.commit(&r.reference)
         })
         .await
@@ -47,7 +47,7 @@ impl InventoryService for Inventory {
         &self,
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
-        call::handle(&self.state, Method::InventoryRelease, request, |data, r| {
+        handler::handle(&self.state, Method::InventoryRelease, request, |data, r| {
             data.inventory.release(&r.reference)
         })
         .await

@@ -20,18 +20,18 @@
 //! - `history`: the bounded collections that keep that memory flat.
 //! - `state`: everything the stubs remember (those three, behaviours, counts), behind one mutex.
 //! - `arrival`: the deadline a call carried, read once.
-//! - `call`: the wrapper every stubbed RPC goes through.
+//! - `handler`: the wrapper every stubbed RPC goes through.
 //! - `cart`, `fraud`, `inventory`, `wallet`: the gRPC services over the state.
 //! - `control`: `stub.v1.StubControl`.
 
 mod applied;
 mod arrival;
 mod behavior;
-mod call;
 mod cart;
 mod carts;
 mod control;
 mod fraud;
+mod handler;
 mod history;
 mod inventory;
 mod ledger;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::call;
+use super::handler;
 use super::method::Method;
 use super::state::State;
 use checkout_proto::wallet::v1::wallet_service_server::WalletService;
@@ -28,7 +28,7 @@ pub(crate) struct Wallet {
 #[tonic::async_trait]
 impl WalletService for Wallet {
     async fn hold(&self, request: Request<HoldRequest>) -> Result<Response<HoldResponse>, Status> {
-        call::handle(&self.state, Method::WalletHold, request, |data, r| {
+        handler::handle(&self.state, Method::WalletHold, request, |data, r| {
             data.wallet.hold(r)
         })
         .await
@@ -38,7 +38,7 @@ impl WalletService for Wallet {
         &self,
         request: Request<CaptureRequest>,
     ) -> Result<Response<CaptureResponse>, Status> {
-        call::handle(&self.state, Method::WalletCapture, request, |data, r| {
+        handler::handle(&self.state, Method::WalletCapture, request, |data, r| {
             data.wallet.capture(&r.reference)
         })
         .await
@@ -48,7 +48,7 @@ impl WalletService for Wallet {
         &self,
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
-        call::handle(&self.state, Method::WalletRelease, request, |data, r| {
+        handler::handle(&self.state, Method::WalletRelease, request, |data, r| {
             data.wallet.release(&r.reference)
         })
         .await
@@ -58,7 +58,7 @@ impl WalletService for Wallet {
         &self,
         request: Request<LookupByReferenceRequest>,
     ) -> Result<Response<HoldRecord>, Status> {
-        call::handle(
+        handler::handle(
             &self.state,
             Method::WalletLookupByReference,
             request,

@@ -19,7 +19,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgArguments, PgConnection, Postgres};
 use sqlx::query::Query;
 
-use super::super::call::Fail;
+use super::super::bounded::Fail;
 use super::super::group::{Reply, Ticket};
 use super::super::{
     Begin, Decision, Failure, Job, JobOutcome, Money, NewOrder, OrderRecord, StoreError, sql,

@@ -24,7 +24,7 @@ use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Row, Transaction};
 
-use super::call::{Call, Fail, migrate_error, open_error};
+use super::bounded::{Call, Fail, migrate_error, open_error};
 use super::{
     Begin, Claimed, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord,
     OrderStore, ParkedJob, StoreError, TimeLimit, schema, sql,

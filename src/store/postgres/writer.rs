@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::super::call::{Fail, classify};
+use super::super::bounded::{Fail, classify};
 use super::super::group::{EXPIRED, QUEUE_CAPACITY, closed, submit};
 use super::super::{Begin, Decision, Job, JobOutcome, Money, NewOrder, OrderRecord, StoreError};
 use super::batch::{self, Op, Pending};

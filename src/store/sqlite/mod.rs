@@ -32,7 +32,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous as Synchronous,
 };
 
-use super::call::{migrate_error, open_error};
+use super::bounded::{migrate_error, open_error};
 use super::{
     Begin, Claimed, Decision, Job, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
     ParkedJob, StoreError, TimeLimit, schema, sql,
