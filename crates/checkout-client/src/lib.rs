@@ -13,7 +13,8 @@
 //!   applies to itself.
 //! - [`proto`]: the generated `checkout.v1` types ([`proto::Order`], ...).
 //!
-//! The sections below are the crate's README.
+//! The sections below are the crate's README; their examples run as doc tests against a real
+//! checkout started in-process by `checkout-testkit`.
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
