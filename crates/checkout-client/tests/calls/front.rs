@@ -115,7 +115,8 @@ async fn the_fronts_caller_deadline_bounds_every_stubs_budget() {
     );
     for (service, method) in REQUEST_PATH {
         let stats = t.stubs().method(service, method).await;
-        assert_eq!(stats.received, 1, "{stats:?}");
+        // At least once: cart and fraud may hedge a slow call.
+        assert!(stats.received >= 1, "{stats:?}");
         assert!(
             Duration::from_millis(stats.max_budget_ms.into()) <= 800 * MS - RESERVES,
             "{service}.{method} was sent {} ms",
