@@ -1,6 +1,7 @@
 //! A Rust client of checkout (`checkout.v1.CheckoutService`) that cannot drop its caller's
 //! deadline: calls spend the deadline current in the task, retries stay inside it, and what
-//! cannot fit is refused before it is sent.
+//! cannot fit is refused before it is sent (docs/design.md §14; the API it calls is §2, the
+//! deadline contract §3).
 //!
 //! # Layout
 //! - [`deadline`](Deadline): the deadline as a value and as the current one of a task

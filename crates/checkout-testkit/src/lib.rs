@@ -1,7 +1,7 @@
 //! Checkout in your test's own process: a real orchestrator (gRPC API, store, worker) and the
 //! cart, fraud, inventory and wallet stubs it calls, on `127.0.0.1:0`, with typed knobs to
 //! shape the stubs and read what they saw — so another team's end-to-end test runs against the
-//! real thing with nothing to deploy.
+//! real thing with nothing to deploy (docs/design.md §14).
 //!
 //! # Layout
 //! - [`TestCheckout`] and its [`Builder`]: start, connect a
