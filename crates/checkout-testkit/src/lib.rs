@@ -18,6 +18,13 @@
 mod checkout;
 mod stubs;
 
+/// The repository README's Rust examples ("Calling checkout from your service", "Testing your
+/// service against checkout"), compiled and run as doc tests here, where both crates they use
+/// are at hand.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct RepositoryReadme;
+
 use std::future::Future;
 use std::time::Duration;
 
