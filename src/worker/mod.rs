@@ -17,6 +17,7 @@ mod retry_budget;
 mod trace;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use opentelemetry::context::FutureExt as _;
@@ -55,6 +56,9 @@ pub struct Worker {
     owner: String,
     /// The request path's admission limit: while it sheds, the worker yields.
     pressure: Option<AdaptiveLimiter>,
+    /// Claims completed, whether they found jobs or not: `WorkerStats.claims`. Claims run one
+    /// at a time, so the second one counted after any moment began after it.
+    claims: Arc<AtomicU64>,
 }
 
 /// While the request path is shedding the worker runs at most `worker.concurrency` divided by
@@ -118,6 +122,7 @@ impl Worker {
             store,
             owner,
             pressure: None,
+            claims: Arc::default(),
         }
     }
 
@@ -134,6 +139,11 @@ impl Worker {
             Arc::clone(&self.retry_budget),
             Arc::clone(&self.compensation_budget),
         ]
+    }
+
+    /// How many claims the worker has completed, shared with the operator API.
+    pub fn claims(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.claims)
     }
 
     /// The budget a job's retries spend: compensations have their own.
@@ -193,6 +203,7 @@ impl Worker {
                 .await
             {
                 Ok(jobs) => {
+                    self.claims.fetch_add(1, Ordering::Release);
                     if failing.recovered() {
                         tracing::info!("the worker can claim jobs again");
                     }
