@@ -320,6 +320,18 @@ impl Harness {
         poll_until("the worker", within, every, || self.worker_stats(), done).await
     }
 
+    /// Waits until the worker has had its chance at everything that happened before this call:
+    /// two claims since (the second began after the call) and no job pending, running or due
+    /// later (`WorkerStats.claims`). Asserting that something did *not* happen is then no race
+    /// with the worker: whatever it was going to do about it, it has done.
+    pub async fn worker_settled(&self, within: Duration) -> pb::WorkerStats {
+        let before = self.worker_stats().await.claims;
+        let every = Duration::from_millis(20);
+        let fetch = || self.worker_stats();
+        let settled = |s: &pb::WorkerStats| s.claims >= before + 2 && s.jobs_pending == 0;
+        poll_until("the worker (settled)", within, every, fetch, settled).await
+    }
+
     /// Stops the orchestrator and the stubs.
     pub async fn stop(self) {
         self.server.stop().await.unwrap();

@@ -148,7 +148,8 @@ async fn orders_left_in_every_phase_by_a_crash_are_finished_after_restart() {
         Vec::is_empty,
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nothing more can come: the worker has finished every job and then looked again.
+    h.worker_settled(10 * SECOND).await;
     for (key, o) in &finals {
         assert_eq!(
             h.effects_on("Hold", &o.order_id).await,
