@@ -46,3 +46,9 @@ pub mod steps;
 pub mod store;
 pub mod tls;
 pub mod worker;
+
+/// The workspace's one poll helper, for the unit tests: the same file the integration suites
+/// wait through (it needs nothing but tokio).
+#[cfg(test)]
+#[path = "../tests/common/poll.rs"]
+pub(crate) mod poll;

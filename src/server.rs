@@ -183,6 +183,7 @@ async fn serve_probed(
             OperatorServiceServer::new(OperatorApi::new(
                 Arc::clone(&store),
                 worker.retry_budgets(),
+                worker.claims(),
                 Arc::clone(&config),
             ))
             .max_decoding_message_size(max_message),

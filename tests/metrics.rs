@@ -4,7 +4,7 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use checkout::config::AdminListen;
 use checkout::proto::checkout::v1 as pb;
@@ -28,14 +28,14 @@ async fn start_with_admin(
 
 /// Polls `path` (every 50 ms, up to 10 s) until it answers `status`.
 async fn until_status(admin: SocketAddr, path: &str, status: u16) -> (u16, String) {
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let answer = get(admin, path).await;
-        if answer.0 == status || Instant::now() >= until {
-            return answer;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::poll_until(
+        &format!("{path} (to answer {status})"),
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || get(admin, path),
+        |answer| answer.0 == status,
+    )
+    .await
 }
 
 /// A known mix of orders — confirmed, replayed, declined for three reasons, refused as invalid

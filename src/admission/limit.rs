@@ -33,11 +33,12 @@
 //!   gradient and multiplies the limit by `drop_backoff` — once per window, however many drops.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
 
 use super::AdmissionPolicy;
 

@@ -10,9 +10,12 @@ pub mod limit;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Deserialize;
+// Tokio's clock, not std's: the same instant outside tests, and one a test can pause and
+// advance, so the limiter's windows and re-measurements run on simulated time.
+use tokio::time::Instant;
 
 pub use limit::{FixedLimit, GradientLimit, Limit, Sample};
 
@@ -604,6 +607,89 @@ mod tests {
             limiter.limit() < 64,
             "30 ms is 3 × no-load, beyond the 1.5 tolerance"
         );
+    }
+
+    /// A permit is timed on the runtime's clock, as the request path times it
+    /// (`acquired_at().elapsed()`): with time paused, a request completed 7 ms and another
+    /// dropped 300 ms after admission are fed to the limit as exactly those latencies, stamped
+    /// with the moment they were admitted.
+    #[tokio::test(start_paused = true)]
+    async fn permits_are_timed_on_the_runtime_clock_so_paused_time_drives_the_samples() {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder {
+            limit: 10,
+            samples: Arc::clone(&samples),
+        };
+        let limiter = AdaptiveLimiter::with_limit(recorder, true, Duration::from_secs(1));
+        let admitted = Instant::now();
+        let quick = limiter.try_acquire().expect("admitted");
+        let slow = limiter.try_acquire().expect("admitted");
+        assert_eq!(
+            (quick.acquired_at(), slow.acquired_at()),
+            (admitted, admitted)
+        );
+        tokio::time::advance(Duration::from_millis(7)).await;
+        let rtt = quick.acquired_at().elapsed();
+        quick.complete(rtt);
+        tokio::time::advance(Duration::from_millis(293)).await;
+        slow.dropped();
+        let seen = samples.lock().expect("not poisoned").clone();
+        let fed: Vec<_> = seen
+            .iter()
+            .map(|s| (s.started, s.rtt, s.did_drop))
+            .collect();
+        assert_eq!(
+            fed,
+            [
+                (admitted, Duration::from_millis(7), false),
+                (admitted, Duration::from_millis(300), true)
+            ]
+        );
+    }
+
+    /// The gradient limiter measures its no-load latency again once `min_rtt_interval` has
+    /// passed on its clock, and pins the limit to the floor while it does: the same burst that
+    /// leaves the limit alone just after a measurement pins it 30 s later — 30 s of paused
+    /// time, not of the test's — and the limit comes back once the floor's requests are timed.
+    #[tokio::test(start_paused = true)]
+    async fn the_no_load_latency_is_measured_again_after_min_rtt_interval_of_paused_time() {
+        let policy = AdmissionPolicy {
+            initial_limit: 64,
+            min_limit: 8,
+            latency_target: Duration::ZERO,
+            min_rtt_interval: Duration::from_secs(30),
+            min_rtt_jitter: Duration::ZERO,
+            ..AdmissionPolicy::default()
+        };
+        let limiter = AdaptiveLimiter::new(&policy);
+        let ms = Duration::from_millis(1);
+        // `count` requests at once, each taking 10 ms; the last admitted is the first to end,
+        // so the limiter sees at once how much of the limit was in use.
+        let burst = |count: usize| {
+            let permits: Vec<_> = (0..count)
+                .map(|_| limiter.try_acquire().expect("admitted"))
+                .collect();
+            async move {
+                tokio::time::advance(10 * ms).await;
+                for permit in permits.into_iter().rev() {
+                    let rtt = permit.acquired_at().elapsed();
+                    permit.complete(rtt);
+                }
+            }
+        };
+        // The first measurement, at the initial limit.
+        burst(policy.min_rtt_samples as usize).await;
+        assert_eq!(limiter.limit(), 64);
+        // Half the limit in use, well before the interval: nothing to re-measure.
+        burst(32).await;
+        assert_eq!(limiter.limit(), 64, "not due yet");
+        tokio::time::advance(policy.min_rtt_interval).await;
+        burst(32).await;
+        assert_eq!(limiter.limit(), 8, "pinned to min_limit to measure again");
+        for _ in 0..policy.min_rtt_samples {
+            burst(1).await;
+        }
+        assert_eq!(limiter.limit(), 64, "measured: the adapted limit is back");
     }
 
     #[test]

@@ -17,11 +17,15 @@ mod retry_budget;
 mod trace;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use opentelemetry::context::FutureExt as _;
 use opentelemetry::trace::TraceContextExt as _;
 use tokio::sync::Semaphore;
+// Tokio's clock (the same instant outside tests): the shedding hold, the purge schedule and the
+// claim backoff's log interval run on time a test can pause.
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
@@ -55,6 +59,9 @@ pub struct Worker {
     owner: String,
     /// The request path's admission limit: while it sheds, the worker yields.
     pressure: Option<AdaptiveLimiter>,
+    /// Claims completed, whether they found jobs or not: `WorkerStats.claims`. Claims run one
+    /// at a time, so the second one counted after any moment began after it.
+    claims: Arc<AtomicU64>,
 }
 
 /// While the request path is shedding the worker runs at most `worker.concurrency` divided by
@@ -118,6 +125,7 @@ impl Worker {
             store,
             owner,
             pressure: None,
+            claims: Arc::default(),
         }
     }
 
@@ -134,6 +142,11 @@ impl Worker {
             Arc::clone(&self.retry_budget),
             Arc::clone(&self.compensation_budget),
         ]
+    }
+
+    /// How many claims the worker has completed, shared with the operator API.
+    pub fn claims(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.claims)
     }
 
     /// The budget a job's retries spend: compensations have their own.
@@ -193,6 +206,7 @@ impl Worker {
                 .await
             {
                 Ok(jobs) => {
+                    self.claims.fetch_add(1, Ordering::Release);
                     if failing.recovered() {
                         tracing::info!("the worker can claim jobs again");
                     }
@@ -454,9 +468,13 @@ fn hostname() -> String {
 mod tests {
     use super::*;
     use crate::admission::FixedLimit;
+    use crate::store::StoreError;
 
-    #[test]
-    fn the_worker_yields_while_the_request_path_sheds_and_never_stops() {
+    /// While the request path refuses orders the worker runs an eighth of its attempts (at
+    /// least one: it never stops), for SHEDDING_HOLD after the last refusal on paused time,
+    /// then its full share again.
+    #[tokio::test(start_paused = true)]
+    async fn the_worker_yields_while_the_request_path_sheds_and_never_stops() {
         assert_eq!(Shedding::new(None).allowed(64), 64, "nothing to yield to");
         let limiter = AdaptiveLimiter::with_limit(FixedLimit(1), true, Duration::from_secs(1));
         let mut shedding = Shedding::new(Some(limiter.clone()));
@@ -465,7 +483,63 @@ mod tests {
         limiter.try_acquire().expect_err("shed");
         assert_eq!(shedding.allowed(64), 64 / YIELD_DIVISOR);
         assert_eq!(shedding.allowed(4), 1, "it never stops");
-        shedding.until = Instant::now();
+        tokio::time::advance(SHEDDING_HOLD - Duration::from_millis(1)).await;
+        assert_eq!(
+            shedding.allowed(64),
+            64 / YIELD_DIVISOR,
+            "still within the hold"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(shedding.allowed(64), 64, "back to full once shedding stops");
+    }
+
+    /// While the store keeps failing claims, the worker waits twice as long after each failure
+    /// — from twice `poll_interval` up to CLAIM_BACKOFF_CAP — and says so at most once per
+    /// CLAIM_LOG_EVERY. Played as the worker plays it (fail, sleep the wait, claim again) on
+    /// paused time: a minute of failures, in no time.
+    #[tokio::test(start_paused = true)]
+    async fn failing_claims_back_off_to_the_cap_and_are_logged_once_per_interval() {
+        let mut failing = ClaimFailures::new(Duration::from_millis(20));
+        let error = StoreError::Unavailable("the store is down".into());
+        let started = Instant::now();
+        let (mut waits, mut logged) = (Vec::new(), Vec::new());
+        while started.elapsed() < Duration::from_secs(60) {
+            let wait = failing.failed(&error);
+            if failing.held_back == 0 {
+                logged.push(started.elapsed());
+            }
+            waits.push(wait);
+            tokio::time::sleep(wait).await;
+        }
+        let ms = Duration::from_millis;
+        assert_eq!(
+            waits[..8],
+            [40, 80, 160, 320, 640, 1280, 2560, 5000].map(ms),
+            "doubling, then capped"
+        );
+        assert!(
+            waits[8..].iter().all(|w| *w == CLAIM_BACKOFF_CAP),
+            "{waits:?}"
+        );
+        assert_eq!(
+            logged.first(),
+            Some(&Duration::ZERO),
+            "the first failure is said"
+        );
+        let between: Vec<_> = logged.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            between
+                .iter()
+                .all(|d| *d >= CLAIM_LOG_EVERY && *d < CLAIM_LOG_EVERY + CLAIM_BACKOFF_CAP),
+            "one line per interval: {logged:?}"
+        );
+        assert_eq!(
+            logged.len(),
+            6,
+            "a minute of failures, six lines: {logged:?}"
+        );
+        assert!(failing.recovered(), "claims had been failing");
+        assert!(!failing.recovered());
+        assert_eq!(failing.failed(&error), ms(40), "the backoff starts over");
     }
 }

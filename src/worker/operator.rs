@@ -2,6 +2,7 @@
 //! list and re-queue, with grpcurl.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 
 use tonic::{Request, Response, Status};
@@ -20,23 +21,27 @@ const DEFAULT_PAGE: u32 = 100;
 /// The most parked jobs one page lists.
 const MAX_PAGE: u32 = 1_000;
 
-/// Serves job and retry counts, and the parked jobs.
+/// Serves job, claim and retry counts, and the parked jobs.
 pub struct OperatorApi {
     store: Arc<dyn OrderStore>,
     retry_budgets: [Arc<RetryBudget>; 2],
+    claims: Arc<AtomicU64>,
     config: Arc<Config>,
 }
 
 impl OperatorApi {
-    /// Over the store and the worker's retry budgets (forward work, compensations).
+    /// Over the store and the worker's counters: its retry budgets (forward work,
+    /// compensations) and its claims ([`super::Worker::claims`]).
     pub fn new(
         store: Arc<dyn OrderStore>,
         retry_budgets: [Arc<RetryBudget>; 2],
+        claims: Arc<AtomicU64>,
         config: Arc<Config>,
     ) -> Self {
         Self {
             store,
             retry_budgets,
+            claims,
             config,
         }
     }
@@ -56,6 +61,9 @@ impl OperatorService for OperatorApi {
         &self,
         _: Request<pb::GetWorkerStatsRequest>,
     ) -> Result<Response<pb::WorkerStats>, Status> {
+        // Before the job counts: `claims` two past an earlier answer's with no job pending means
+        // the worker finished everything due since then (see `WorkerStats.claims`).
+        let claims = self.claims.load(Ordering::Acquire);
         let stats = self.store.stats().await.map_err(|e| self.unavailable(e))?;
         let jobs_done = self
             .store
@@ -77,6 +85,7 @@ impl OperatorService for OperatorApi {
             first_attempts,
             retries,
             retries_deferred,
+            claims,
         }))
     }
 

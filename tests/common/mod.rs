@@ -21,33 +21,12 @@ pub mod otlp;
 #[cfg(feature = "postgres-tests")]
 pub mod pg;
 pub mod pki;
+pub mod poll;
 pub mod stalling;
 pub mod wallet;
 
 pub use control::Control;
-
-/// Fetches a state every `every` until `done` holds and returns it; after `within`, panics
-/// with the last state fetched, as "`what` never reached the expected state".
-pub async fn poll_until<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
-    what: &str,
-    within: Duration,
-    every: Duration,
-    mut fetch: impl FnMut() -> F,
-    done: impl Fn(&T) -> bool,
-) -> T {
-    let until = Instant::now() + within;
-    loop {
-        let state = fetch().await;
-        if done(&state) {
-            return state;
-        }
-        assert!(
-            Instant::now() < until,
-            "{what} never reached the expected state: {state:?}"
-        );
-        tokio::time::sleep(every).await;
-    }
-}
+pub use poll::{poll, poll_until};
 
 /// Stubs + orchestrator + clients.
 pub struct Harness {
@@ -249,20 +228,20 @@ impl Harness {
             .map(|r| r.into_inner())
     }
 
-    /// The id of the order of `key`, once it is recorded (panics after `within`).
+    /// The id of the order of `key`, once it is recorded (panics after `within`, or at once if
+    /// GetOrder answers anything but the order or NOT_FOUND).
     pub async fn order_id_of(&self, key: &str, within: Duration) -> String {
-        let until = Instant::now() + within;
-        loop {
-            match self.get_by_key(key).await {
-                Ok(order) => return order.order_id,
-                Err(status) => assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}"),
+        let every = Duration::from_millis(20);
+        let recorded = |found: &Result<pb::Order, tonic::Status>| match found {
+            Ok(_) => true,
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+                false
             }
-            assert!(
-                Instant::now() < until,
-                "the order of {key} was never recorded"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        };
+        let what = format!("the order of {key}");
+        let found = poll_until(&what, within, every, || self.get_by_key(key), recorded).await;
+        found.expect("recorded").order_id
     }
 
     /// Polls GetOrder until `done` holds (or panics after `within`).
@@ -339,6 +318,18 @@ impl Harness {
     ) -> pb::WorkerStats {
         let every = Duration::from_millis(50);
         poll_until("the worker", within, every, || self.worker_stats(), done).await
+    }
+
+    /// Waits until the worker has had its chance at everything that happened before this call:
+    /// two claims since (the second began after the call) and no job pending, running or due
+    /// later (`WorkerStats.claims`). Asserting that something did *not* happen is then no race
+    /// with the worker: whatever it was going to do about it, it has done.
+    pub async fn worker_settled(&self, within: Duration) -> pb::WorkerStats {
+        let before = self.worker_stats().await.claims;
+        let every = Duration::from_millis(20);
+        let fetch = || self.worker_stats();
+        let settled = |s: &pb::WorkerStats| s.claims >= before + 2 && s.jobs_pending == 0;
+        poll_until("the worker (settled)", within, every, fetch, settled).await
     }
 
     /// Stops the orchestrator and the stubs.

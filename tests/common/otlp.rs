@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -182,14 +182,10 @@ impl Collector {
         within: Duration,
         done: impl Fn(&[Collected]) -> bool,
     ) -> Vec<Collected> {
-        let until = Instant::now() + within;
-        loop {
-            let spans = self.trace(trace_id);
-            if done(&spans) || Instant::now() >= until {
-                return spans;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let every = Duration::from_millis(50);
+        let fetch = || async { self.trace(trace_id) };
+        let spans = super::poll(within, every, fetch, |spans: &Vec<Collected>| done(spans)).await;
+        spans.unwrap_or_else(|last| last)
     }
 
     /// Every span received (any trace).

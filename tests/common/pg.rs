@@ -4,7 +4,7 @@
 
 #![allow(dead_code)] // Each suite uses a part.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 
@@ -67,22 +67,21 @@ impl TestDatabase {
              WHERE datname = '{name}' AND pid <> pg_backend_pid()"
         ))
         .await;
-        let mut admin = PgConnection::connect(&self.admin_url).await.expect("admin");
-        let until = Instant::now() + within;
-        loop {
+        let admin = PgConnection::connect(&self.admin_url).await.expect("admin");
+        // Each poll borrows the one admin connection in turn.
+        let admin = tokio::sync::Mutex::new(admin);
+        let open = || async {
             let (open,): (i64,) =
                 sqlx::query_as("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = $1")
                     .bind(name)
-                    .fetch_one(&mut admin)
+                    .fetch_one(&mut *admin.lock().await)
                     .await
                     .expect("count connections");
-            if open == 0 {
-                break;
-            }
-            assert!(Instant::now() < until, "{open} connections survived");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        admin.close().await.ok();
+            open
+        };
+        let what = format!("the connections to {name} (terminated)");
+        super::poll_until(&what, within, Duration::from_millis(20), open, |n| *n == 0).await;
+        admin.into_inner().close().await.ok();
     }
 
     /// Accepts connections again.

@@ -327,18 +327,14 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
             })
         })
         .collect();
-    let kill_at = Instant::now() + Duration::from_secs(30);
-    let answered_at_kill = loop {
-        let answered = answers.lock().await.len();
-        if answered >= ORDERS / 2 {
-            break answered;
-        }
-        assert!(
-            Instant::now() < kill_at,
-            "only {answered} answers before the kill"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let answered_at_kill = poll_until(
+        "the answers before the kill",
+        Duration::from_secs(30),
+        Duration::from_millis(5),
+        || async { answers.lock().await.len() },
+        |answered| *answered >= ORDERS / 2,
+    )
+    .await;
     first.start_kill().expect("SIGKILL");
     first.wait().await.unwrap();
     for caller in callers {
@@ -354,42 +350,50 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
 
     // Restart on the same file.
     let (mut second, uri) = spawn_serve(&stubs.uri(), &data, &log).await;
-    let mut client = CheckoutServiceClient::connect(uri).await.unwrap();
+    let client = CheckoutServiceClient::connect(uri).await.unwrap();
     let until = Instant::now() + Duration::from_secs(60);
     let mut finals: HashMap<String, pb::Order> = HashMap::new();
     let mut never_recorded = Vec::new();
     for (key, answer) in &answers {
-        loop {
-            match client.get_order(crash_key(key)).await {
-                Ok(found) => {
-                    let found = found.into_inner();
-                    if found.status() != OrderStatus::Pending {
-                        if let Ok(told) = answer
-                            && told.status() != OrderStatus::Pending
-                        {
-                            assert_eq!(
-                                (found.status(), &found.reason),
-                                (told.status(), &told.reason),
-                                "{key} changed after it was answered"
-                            );
-                        }
-                        finals.insert(key.clone(), found);
-                        break;
-                    }
-                }
-                Err(status) if status.code() == Code::NotFound => {
-                    assert!(answer.is_err(), "{key} was answered {answer:?} but is lost");
-                    never_recorded.push(key.clone());
-                    break;
-                }
-                Err(status) => panic!("GetOrder {key}: {status:?}"),
+        // Until it is no longer PENDING, or known never to have been recorded; the 60 s are
+        // for every key together.
+        let lookup = || {
+            let mut client = client.clone();
+            async move {
+                let found = client.get_order(crash_key(key)).await;
+                found.map(tonic::Response::into_inner)
             }
-            assert!(
-                Instant::now() < until,
-                "{key} is stuck: {:?}",
-                client.get_order(crash_key(key)).await
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let found = poll_until(
+            &format!("{key} (stuck PENDING?)"),
+            until.saturating_duration_since(Instant::now()),
+            Duration::from_millis(50),
+            lookup,
+            |found| {
+                found
+                    .as_ref()
+                    .map_or(true, |o| o.status() != OrderStatus::Pending)
+            },
+        )
+        .await;
+        match found {
+            Ok(found) => {
+                if let Ok(told) = answer
+                    && told.status() != OrderStatus::Pending
+                {
+                    assert_eq!(
+                        (found.status(), &found.reason),
+                        (told.status(), &told.reason),
+                        "{key} changed after it was answered"
+                    );
+                }
+                finals.insert(key.clone(), found);
+            }
+            Err(status) if status.code() == Code::NotFound => {
+                assert!(answer.is_err(), "{key} was answered {answer:?} but is lost");
+                never_recorded.push(key.clone());
+            }
+            Err(status) => panic!("GetOrder {key}: {status:?}"),
         }
     }
 
@@ -399,20 +403,23 @@ async fn a_killed_orchestrator_loses_no_order_and_duplicates_no_effect() {
         .filter(|o| o.status() == OrderStatus::Confirmed)
         .map(|o| o.order_id.clone())
         .collect();
-    let until = Instant::now() + Duration::from_secs(60);
-    let effects = loop {
-        let effects = control.effects("").await;
-        let captured = effects.iter().filter(|e| e.method == "Capture").count();
-        if captured >= confirmed.len() {
-            break effects;
-        }
-        assert!(
-            Instant::now() < until,
-            "{captured} of {} captures after restart",
-            confirmed.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let captured = |effects: &Vec<checkout::proto::stub::v1::Effect>| {
+        effects.iter().filter(|e| e.method == "Capture").count()
     };
+    let effects = poll(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || control.effects(""),
+        |effects| captured(effects) >= confirmed.len(),
+    )
+    .await
+    .unwrap_or_else(|effects| {
+        panic!(
+            "{} of {} captures after restart",
+            captured(&effects),
+            confirmed.len()
+        )
+    });
     let count = |method: &str, reference: &str| {
         effects
             .iter()
@@ -514,22 +521,22 @@ async fn sigterm_lets_in_flight_orders_finish_and_refuses_new_connections() {
             .success()
     );
     // The listener closes promptly: poll until a new connection is refused.
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let attempt = tokio::time::timeout(
-            Duration::from_secs(1),
-            CheckoutServiceClient::connect(uri.clone()),
-        )
-        .await;
-        if matches!(attempt, Ok(Err(_))) {
-            break;
+    let connect = || async {
+        let attempt = CheckoutServiceClient::connect(uri.clone());
+        match tokio::time::timeout(Duration::from_secs(1), attempt).await {
+            Ok(Ok(_)) => "connected",
+            Ok(Err(_)) => "refused",
+            Err(_) => "no answer within 1 s",
         }
-        assert!(
-            Instant::now() < until,
-            "a new connection after SIGTERM must be refused"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    };
+    poll_until(
+        "a new connection after SIGTERM (must be refused)",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        connect,
+        |attempt| *attempt == "refused",
+    )
+    .await;
     let answer = in_flight
         .await
         .unwrap()
@@ -606,21 +613,23 @@ async fn serve_takes_host_port_refuses_nonsense_and_logs_why_orders_decline() {
         (declined.status(), declined.reason.as_str()),
         (OrderStatus::Declined, "CART_UNAVAILABLE")
     );
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(&log).unwrap();
-        if let Some(line) = text
-            .lines()
+    let why = |text: &str| {
+        text.lines()
             .find(|l| l.contains("downstream call failed") && l.contains("service=\"cart\""))
-        {
-            assert!(line.contains("WARN"), "{line}");
-            assert!(line.contains("class=\"unavailable\""), "{line}");
-            assert!(line.to_lowercase().contains("connection refused"), "{line}");
-            break;
-        }
-        assert!(Instant::now() < until, "no log line says why: {text}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            .map(str::to_owned)
+    };
+    let text = poll(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { std::fs::read_to_string(&log).unwrap() },
+        |text| why(text).is_some(),
+    )
+    .await
+    .unwrap_or_else(|text| panic!("no log line says why: {text}"));
+    let line = why(&text).expect("found");
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("class=\"unavailable\""), "{line}");
+    assert!(line.to_lowercase().contains("connection refused"), "{line}");
     child.start_kill().unwrap();
     child.wait().await.unwrap();
     stubs.stop().await;

@@ -291,8 +291,11 @@ async fn a_slow_cart_never_lets_a_hold_be_sent() {
     assert_eq!(status(&order), OrderStatus::Declined);
     assert_eq!(order.reason, "CART_UNAVAILABLE");
     assert!(order.retryable);
-    // Let the stub's 2.3 s pass and the worker run: still no wallet call.
-    tokio::time::sleep(Duration::from_millis(2600)).await;
+    // The cart call is over (cancelled at its cap, so no late answer can move the flow on) and
+    // the worker has had its chance at the order: still no wallet call.
+    h.method_until("cart", "FreezeCart", 10 * SECOND, |m| m.cancelled >= 1)
+        .await;
+    h.worker_settled(10 * SECOND).await;
     let wallet: u64 = h
         .stats()
         .await
@@ -390,7 +393,8 @@ async fn caller_cancellation_cancels_every_call_in_flight_and_sends_no_hold() {
         (status(&order), order.reason.as_str()),
         (OrderStatus::Declined, "CALLER_ABANDONED")
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Whatever follows the abandonment (the release of the stock) is done.
+    h.worker_settled(10 * SECOND).await;
     assert_eq!(
         h.method("wallet", "Hold").await.received,
         0,

@@ -124,19 +124,32 @@ async fn orders_left_in_every_phase_by_a_crash_are_finished_after_restart() {
         assert_eq!(o.status(), expected, "{key}: {o:?}");
         finals.push((*key, o));
     }
-    let until = Instant::now() + 10 * SECOND;
-    for (key, o) in &finals {
-        let method = if o.status() == OrderStatus::Confirmed {
-            "Capture"
-        } else {
-            "Release"
-        };
-        while h.effects_on(method, &o.order_id).await == 0 {
-            assert!(Instant::now() < until, "{key}: no {method}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    // Every order's last effect: the capture of a CONFIRMED one, the release of the other.
+    let missing = || async {
+        let mut missing = Vec::new();
+        for (key, o) in &finals {
+            let method = if o.status() == OrderStatus::Confirmed {
+                "Capture"
+            } else {
+                "Release"
+            };
+            if h.effects_on(method, &o.order_id).await == 0 {
+                missing.push(format!("{key}: no {method}"));
+            }
         }
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+        missing
+    };
+    let every = Duration::from_millis(50);
+    poll_until(
+        "the last effects",
+        10 * SECOND,
+        every,
+        missing,
+        Vec::is_empty,
+    )
+    .await;
+    // Nothing more can come: the worker has finished every job and then looked again.
+    h.worker_settled(10 * SECOND).await;
     for (key, o) in &finals {
         assert_eq!(
             h.effects_on("Hold", &o.order_id).await,
@@ -315,13 +328,19 @@ async fn fraud_review_confirms_on_approval_and_releases_on_denial() {
         (denied.status(), denied.reason.as_str()),
         (OrderStatus::Declined, "FRAUD_DENIED")
     );
-    let until = Instant::now() + 10 * SECOND;
-    while h.effects_on("Release", &deny.order_id).await == 0
-        || h.effects_on("Capture", &approve.order_id).await == 0
-    {
-        assert!(Instant::now() < until, "release/capture never happened");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let effects = || async {
+        let released = h.effects_on("Release", &deny.order_id).await;
+        let captured = h.effects_on("Capture", &approve.order_id).await;
+        (released, captured)
+    };
+    poll_until(
+        "(denied's releases, approved's captures)",
+        10 * SECOND,
+        Duration::from_millis(50),
+        effects,
+        |&(released, captured)| released > 0 && captured > 0,
+    )
+    .await;
     assert_eq!(
         h.effects_on("Capture", &deny.order_id).await,
         0,
@@ -354,14 +373,14 @@ async fn an_abandoned_order_with_a_hold_in_flight_is_released_and_never_captured
     );
     h.method_until("wallet", "Hold", SECOND, |m| m.cancelled == 1)
         .await;
-    let until = Instant::now() + 10 * SECOND;
-    while h.effects_on("Release", &id).await == 0 {
-        assert!(
-            Instant::now() < until,
-            "the abandoned hold was never released"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll_until(
+        "the releases of the abandoned hold",
+        10 * SECOND,
+        Duration::from_millis(50),
+        || h.effects_on("Release", &id),
+        |released| *released > 0,
+    )
+    .await;
     let wallet = h.stats().await.wallet.unwrap();
     assert_eq!(
         (
@@ -497,18 +516,25 @@ async fn terminal_orders_are_purged_after_retention() {
     .await;
     let placed = h.place_ok(order("purge", "cart-93"), 2 * SECOND).await;
     assert_eq!(placed.status(), OrderStatus::Confirmed);
-    let until = Instant::now() + 10 * SECOND;
-    let mut client = h.checkout.clone();
-    loop {
-        let lookup = client
-            .get_order(as_client(by_id(&placed.order_id), "test"))
-            .await;
-        match lookup {
-            Err(status) if status.code() == Code::NotFound => break,
-            _ => assert!(Instant::now() < until, "never purged"),
+    let lookup = || {
+        let mut client = h.checkout.clone();
+        let request = as_client(by_id(&placed.order_id), "test");
+        async move {
+            client
+                .get_order(request)
+                .await
+                .map(tonic::Response::into_inner)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
+    poll_until(
+        "the purge of the order",
+        10 * SECOND,
+        Duration::from_millis(100),
+        lookup,
+        |found| matches!(found, Err(status) if status.code() == Code::NotFound),
+    )
+    .await
+    .expect_err("purged");
     assert_eq!(
         h.effects_on("Capture", &placed.order_id).await,
         1,

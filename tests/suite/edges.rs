@@ -166,11 +166,15 @@ async fn a_key_reused_after_retention_is_a_new_order_with_a_new_hold() {
     .await;
     let first = h.place_ok(order("reused", "cart-23"), SECOND).await;
     assert_eq!(first.status(), OrderStatus::Confirmed);
-    let until = Instant::now() + 15 * SECOND;
-    while h.get_by_key("reused").await.is_ok() {
-        assert!(Instant::now() < until, "never purged");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_until(
+        "the purge of the first order of `reused`",
+        15 * SECOND,
+        Duration::from_millis(100),
+        || h.get_by_key("reused"),
+        Result::is_err,
+    )
+    .await
+    .expect_err("purged");
     let second = h.place_ok(order("reused", "cart-23"), SECOND).await;
     assert_eq!(second.status(), OrderStatus::Confirmed);
     assert_ne!(second.order_id, first.order_id);
@@ -237,19 +241,23 @@ async fn a_job_failing_for_park_after_is_parked_and_requeued_by_an_operator() {
         .await;
     let placed = h.place_ok(order("parked", "cart-25"), SECOND).await;
     let mut operator = h.operator().await;
-    let until = Instant::now() + 15 * SECOND;
-    let parked = loop {
-        let page = operator
-            .list_parked_jobs(pb::ListParkedJobsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        if let Some(job) = page.jobs.into_iter().next() {
-            break job;
+    let parked_jobs = || {
+        let mut operator = operator.clone();
+        async move {
+            operator
+                .list_parked_jobs(pb::ListParkedJobsRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .jobs
         }
-        assert!(Instant::now() < until, "never parked");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    let every = Duration::from_millis(50);
+    let parked = poll_until("the parked jobs", 15 * SECOND, every, parked_jobs, |jobs| {
+        !jobs.is_empty()
+    })
+    .await
+    .remove(0);
     assert_eq!(
         (parked.order_id.as_str(), parked.kind.as_str()),
         (placed.order_id.as_str(), "wallet_capture")

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use checkout::config::Config;
 use checkout::proto::checkout::v1::{self as pb, OrderStatus};
 use checkout::proto::stub::v1::{Behavior, Fault};
-use common::{Harness, behavior, order, start_with};
+use common::{Harness, behavior, order, poll_until, start_with};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -162,19 +162,20 @@ async fn an_open_breaker_stops_sending_until_a_probe_succeeds() {
 
     h.configure("wallet", "Hold", behavior(0, Fault::None))
         .await;
-    let until = Instant::now() + 10 * SECOND;
+    // A new order each time, until the breaker lets one through to the recovered wallet.
     let mut i = 0;
-    loop {
+    let place_next = || {
         i += 1;
-        let placed = h
-            .place_ok(order(&format!("recover-{i}"), "cart-1"), 2 * SECOND)
-            .await;
-        if placed.status() == OrderStatus::Confirmed {
-            break;
-        }
-        assert!(Instant::now() < until, "never confirmed again: {placed:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        h.place_ok(order(&format!("recover-{i}"), "cart-1"), 2 * SECOND)
+    };
+    poll_until(
+        "orders once the wallet recovered",
+        10 * SECOND,
+        Duration::from_millis(50),
+        place_next,
+        |placed| placed.status() == OrderStatus::Confirmed,
+    )
+    .await;
     h.stop().await;
 }
 
@@ -213,49 +214,63 @@ async fn a_slow_fraud_call_is_hedged_and_the_loser_is_cancelled() {
         },
     )
     .await;
-    let until = Instant::now() + 30 * SECOND;
-    loop {
-        // Nothing in a batch times out before fraud's 1.5 s cap: a Score cancelled earlier is
-        // the losing attempt of a hedge.
-        let batch_started = Instant::now();
-        let mut batch: FuturesUnordered<_> = (0..20)
+    // Batches of 20 until one order is hedged to a confirmation: that order, and when its
+    // batch started.
+    let next_batch = || {
+        let batch: FuturesUnordered<_> = (0..20)
             .map(|_| {
                 i += 1;
                 place_in(&h, &format!("hedge-{i}"), 2 * SECOND)
             })
             .collect();
-        while let Some(answer) = batch.next().await {
-            let placed = answer.expect("an order");
-            let fraud = step(&placed, "fraud");
-            if !(fraud.hedged && placed.status() == OrderStatus::Confirmed) {
-                continue;
-            }
-            assert_eq!(fraud.attempts, 2, "{fraud:?}");
-            let took = batch_started.elapsed();
-            assert!(
-                took < Duration::from_millis(1_200),
-                "the backup answered long before fraud's cap: {took:?}"
-            );
-            let cancelled_by = batch_started + Duration::from_millis(1_400);
-            loop {
-                let score = h.method("fraud", "Score").await;
-                if score.cancelled >= 1 {
-                    break;
-                }
-                assert!(
-                    Instant::now() < cancelled_by,
-                    "the losing attempt was never cancelled: {score:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            h.stop().await;
-            return;
+        hedged_in(batch)
+    };
+    let found = poll_until(
+        "a batch with an order hedged to a confirmation",
+        30 * SECOND,
+        Duration::ZERO,
+        next_batch,
+        Option::is_some,
+    )
+    .await;
+    let (placed, batch_started) = found.expect("hedged");
+    // Nothing in a batch times out before fraud's 1.5 s cap: a Score cancelled earlier is the
+    // losing attempt of a hedge.
+    let fraud = step(&placed, "fraud");
+    assert_eq!(fraud.attempts, 2, "{fraud:?}");
+    let took = batch_started.elapsed();
+    assert!(
+        took < Duration::from_millis(1_200),
+        "the backup answered long before fraud's cap: {took:?}"
+    );
+    let cancelled_by = batch_started + Duration::from_millis(1_400);
+    poll_until(
+        "fraud.Score (the losing attempt cancelled)",
+        cancelled_by.saturating_duration_since(Instant::now()),
+        Duration::from_millis(10),
+        || h.method("fraud", "Score"),
+        |score| score.cancelled >= 1,
+    )
+    .await;
+    h.stop().await;
+}
+
+/// Runs `batch` until one of its orders is confirmed with a hedged fraud step: that order and
+/// when the batch started, or `None` once every order answered without one. The rest of the
+/// batch is dropped (cancelled) once one is found.
+async fn hedged_in(
+    mut batch: FuturesUnordered<
+        impl std::future::Future<Output = Result<pb::Order, tonic::Status>>,
+    >,
+) -> Option<(pb::Order, Instant)> {
+    let started = Instant::now();
+    while let Some(answer) = batch.next().await {
+        let placed = answer.expect("an order");
+        if step(&placed, "fraud").hedged && placed.status() == OrderStatus::Confirmed {
+            return Some((placed, started));
         }
-        assert!(
-            Instant::now() < until,
-            "no order was hedged to a confirmation"
-        );
     }
+    None
 }
 
 /// Only duplicate-safe steps may hedge: asking the wallet hold to is refused at start with a

@@ -26,7 +26,8 @@ use checkout::store::OrderStore;
 use checkout_stubs::StubServer;
 use common::pg::TestDatabase;
 use common::{
-    Control, as_client, behavior, by_id, dur, order, start_stubs, test_config, with_timeout,
+    Control, as_client, behavior, by_id, dur, order, poll_until, start_stubs, test_config,
+    with_timeout,
 };
 use futures::StreamExt;
 use tokio::net::TcpListener;
@@ -114,15 +115,16 @@ impl Replica {
 
     /// Polls GetOrder until the order is no longer PENDING.
     async fn settled(&self, order_id: &str) -> pb::Order {
-        let until = Instant::now() + EVENTUALLY;
-        loop {
-            let order = self.get(order_id).await;
-            if order.status() != OrderStatus::Pending {
-                return order;
-            }
-            assert!(Instant::now() < until, "order never settled: {order:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("order {order_id} (settled)");
+        let every = Duration::from_millis(50);
+        poll_until(
+            &what,
+            EVENTUALLY,
+            every,
+            || self.get(order_id),
+            |o| o.status() != OrderStatus::Pending,
+        )
+        .await
     }
 
     /// `checkout.v1.OperatorService/GetWorkerStats`.
@@ -137,15 +139,15 @@ impl Replica {
 
     /// Polls GetWorkerStats until no job is pending.
     async fn idle(&self) -> pb::WorkerStats {
-        let until = Instant::now() + EVENTUALLY;
-        loop {
-            let stats = self.worker_stats().await;
-            if stats.jobs_pending == 0 {
-                return stats;
-            }
-            assert!(Instant::now() < until, "jobs still pending: {stats:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let every = Duration::from_millis(50);
+        poll_until(
+            "the worker (idle)",
+            EVENTUALLY,
+            every,
+            || self.worker_stats(),
+            |s| s.jobs_pending == 0,
+        )
+        .await
     }
 
     /// Stops it like a process exit: the server drains, the worker stops, the pool closes.
@@ -506,11 +508,14 @@ async fn a_database_that_stops_taking_writes_turns_health_not_serving() {
     };
     read_only(true).await;
     for expected in [ServingStatus::NotServing, ServingStatus::Serving] {
-        let until = Instant::now() + EVENTUALLY;
-        while status(health.clone()).await != expected {
-            assert!(Instant::now() < until, "health never became {expected:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        poll_until(
+            &format!("CheckoutService health (to be {expected:?})"),
+            EVENTUALLY,
+            Duration::from_millis(50),
+            || status(health.clone()),
+            |now| *now == expected,
+        )
+        .await;
         if expected == ServingStatus::NotServing {
             read_only(false).await;
         }

@@ -1,6 +1,10 @@
 //! The downstream stubs over real gRPC on 127.0.0.1:0: data conventions, the hold and reservation
 //! state machines, injected faults and latency, and what `StubControl` reports.
 
+// The workspace's one poll helper (it needs nothing but tokio).
+#[path = "../../../tests/common/poll.rs"]
+mod poll;
+
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -93,9 +97,10 @@ impl Stubs {
             .unwrap();
     }
 
-    async fn stats(&mut self, service: &str, method: &str) -> MethodStats {
+    async fn stats(&self, service: &str, method: &str) -> MethodStats {
         let response = self
             .control
+            .clone()
             .get_stats(GetStatsRequest {
                 service: service.into(),
             })
@@ -131,8 +136,9 @@ impl Stubs {
             .expect("GetStats always reports the history")
     }
 
-    async fn effects(&mut self, service: &str) -> Vec<Effect> {
+    async fn effects(&self, service: &str) -> Vec<Effect> {
         self.control
+            .clone()
             .list_effects(ListEffectsRequest {
                 service: service.into(),
             })
@@ -145,44 +151,23 @@ impl Stubs {
     /// Polls until `method`'s stats satisfy `done` (a cancellation reaches the server a moment
     /// after the client gives up); fails the test with the last stats seen after `POLL_LIMIT`.
     async fn stats_until(
-        &mut self,
+        &self,
         service: &str,
         method: &str,
         done: impl Fn(&MethodStats) -> bool,
     ) -> MethodStats {
-        let give_up = Instant::now() + POLL_LIMIT;
-        loop {
-            let stats = self.stats(service, method).await;
-            if done(&stats) {
-                return stats;
-            }
-            assert!(
-                Instant::now() < give_up,
-                "{service}.{method} stats never got there within {POLL_LIMIT:?}; last seen: {stats:?}"
-            );
-            tokio::time::sleep(POLL_EVERY).await;
-        }
+        let what = format!("{service}.{method} stats");
+        let fetch = || self.stats(service, method);
+        poll::poll_until(&what, POLL_LIMIT, POLL_EVERY, fetch, done).await
     }
 
     /// Polls until the effect log of `service` satisfies `done`; fails the test with the last log
     /// seen after `POLL_LIMIT`.
-    async fn effects_until(
-        &mut self,
-        service: &str,
-        done: impl Fn(&[Effect]) -> bool,
-    ) -> Vec<Effect> {
-        let give_up = Instant::now() + POLL_LIMIT;
-        loop {
-            let effects = self.effects(service).await;
-            if done(&effects) {
-                return effects;
-            }
-            assert!(
-                Instant::now() < give_up,
-                "the {service:?} effects never got there within {POLL_LIMIT:?}; last seen: {effects:?}"
-            );
-            tokio::time::sleep(POLL_EVERY).await;
-        }
+    async fn effects_until(&self, service: &str, done: impl Fn(&[Effect]) -> bool) -> Vec<Effect> {
+        let what = format!("the {service:?} effects");
+        let fetch = || self.effects(service);
+        let done = |effects: &Vec<Effect>| done(effects);
+        poll::poll_until(&what, POLL_LIMIT, POLL_EVERY, fetch, done).await
     }
 }
 

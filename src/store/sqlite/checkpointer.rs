@@ -109,10 +109,14 @@ mod tests {
             Duration::from_millis(10),
         )
         .expect("started");
-        let waited = std::time::Instant::now();
-        while file_size() < 60_000 && waited.elapsed() < Duration::from_secs(5) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        crate::poll::poll_until(
+            "the database file's size (the WAL copied back)",
+            Duration::from_secs(5),
+            Duration::from_millis(10),
+            || async { file_size() },
+            |size| *size >= 60_000,
+        )
+        .await;
         assert!(file_size() >= 60_000, "copied back: {} bytes", file_size());
         checkpointer.close().await;
         let count: i64 = writer

@@ -364,18 +364,24 @@ mod tests {
         (dir, Arc::new(Writer::start(conn).expect("writer")))
     }
 
-    /// Holds the writer busy for `for_` so that the writes queued meanwhile form one group.
-    fn hold_busy(writer: &Arc<Writer>, for_: Duration) -> tokio::task::JoinHandle<()> {
+    /// Holds the writer busy for `for_` so that the writes queued meanwhile form one group;
+    /// returns once the writer thread is in the busy write (the writes queued from then on wait
+    /// for the next group).
+    async fn hold_busy(writer: &Arc<Writer>, for_: Duration) -> tokio::task::JoinHandle<()> {
         let writer = Arc::clone(writer);
-        tokio::spawn(async move {
+        let (started, on_start) = oneshot::channel();
+        let busy = tokio::spawn(async move {
             writer
                 .write(Duration::from_secs(5), move |_| {
+                    let _ = started.send(());
                     std::thread::sleep(for_);
                     Ok(())
                 })
                 .await
                 .expect("busy write");
-        })
+        });
+        on_start.await.expect("the writer ran the busy write");
+        busy
     }
 
     fn count(conn: &Connection, x: i64) -> Result<i64, Fail> {
@@ -389,8 +395,7 @@ mod tests {
     async fn a_write_failing_before_any_statement_leaves_the_earlier_write_of_its_group() {
         let (_dir, writer) = writer_on_table();
         let limit = Duration::from_secs(5);
-        let busy = hold_busy(&writer, Duration::from_millis(200));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let busy = hold_busy(&writer, Duration::from_millis(200)).await;
         let insert = writer.write(limit, |conn| {
             conn.execute("INSERT INTO t (x) VALUES (7)", [])?;
             Ok(())
@@ -415,8 +420,7 @@ mod tests {
     async fn a_write_failing_halfway_is_undone_alone() {
         let (_dir, writer) = writer_on_table();
         let limit = Duration::from_secs(5);
-        let busy = hold_busy(&writer, Duration::from_millis(200));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let busy = hold_busy(&writer, Duration::from_millis(200)).await;
         let insert = |x: i64| {
             writer.write(limit, move |conn| {
                 conn.execute("INSERT INTO t (x) VALUES (?1)", [x])?;

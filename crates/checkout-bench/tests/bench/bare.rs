@@ -3,8 +3,9 @@
 //! and the loader measures the processes it is told about and fails a behaviour check loudly.
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::poll::poll_until;
 use crate::support::*;
 use checkout::checkout::is_order_id;
 use checkout_proto::checkout::v1::{
@@ -65,20 +66,22 @@ async fn bare_confirms_with_the_real_references_and_sends_no_deadline() {
     assert_eq!(order.wallet_reference, order.order_id);
     assert_eq!(order.total.as_ref().map(|m| m.minor_units), Some(1234));
 
-    let mut control = StubControlClient::connect(stubs.uri()).await.unwrap();
-    let started = Instant::now();
-    let stats = loop {
-        let stats = control
-            .get_stats(GetStatsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        let captured = stats.wallet.as_ref().is_some_and(|w| w.holds_captured == 1);
-        if captured || started.elapsed() > Duration::from_secs(5) {
-            break stats;
+    let control = StubControlClient::connect(stubs.uri()).await.unwrap();
+    let fetch = || {
+        let mut control = control.clone();
+        async move {
+            let stats = control.get_stats(GetStatsRequest::default()).await;
+            stats.unwrap().into_inner()
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    let stats = poll_until(
+        "the stubs (the capture sent after the answer)",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        fetch,
+        |stats| stats.wallet.as_ref().is_some_and(|w| w.holds_captured == 1),
+    )
+    .await;
     assert_eq!(stats.wallet.as_ref().map(|w| w.holds_captured), Some(1));
     let called: Vec<_> = stats
         .methods

@@ -3,5 +3,8 @@
 //! real `checkout-bench` binary (`scenarios`).
 
 mod bare;
+// The workspace's one poll helper (it needs nothing but tokio).
+#[path = "../../../../tests/common/poll.rs"]
+mod poll;
 mod scenarios;
 mod support;
