@@ -24,6 +24,8 @@ const TEST_POLL_INTERVAL: Duration = Duration::from_millis(20);
 pub struct Builder {
     /// The policy, as TOML; `None`: the defaults.
     config_toml: Option<String>,
+    /// The policy as a typed [`Config`]; wins over `config_toml`.
+    config: Option<Config>,
     /// Whether to record orders in SQLite (a temp dir) instead of memory.
     sqlite: bool,
 }
@@ -38,6 +40,14 @@ impl Builder {
         self
     }
 
+    /// The service's policy as a typed [`Config`] (built or loaded by the test), used as given
+    /// — `worker.poll_interval` included — except for what the testkit owns, as with
+    /// [`Builder::config_toml`].
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = Some(config);
+        self
+    }
+
     /// Records orders in an embedded SQLite database in a temp dir (removed when the
     /// TestCheckout is dropped), as production does, instead of in memory.
     pub fn sqlite(mut self) -> Self {
@@ -49,9 +59,10 @@ impl Builder {
     /// naming what failed (invalid TOML, a port that cannot be bound, ...).
     pub async fn start(self) -> TestCheckout {
         let stubs = Stubs::start().await;
-        let (mut config, poll_interval_given) = match &self.config_toml {
-            Some(text) => parse(text),
-            None => (Config::default(), false),
+        let (mut config, poll_interval_given) = match (self.config, &self.config_toml) {
+            (Some(config), _) => (config, true),
+            (None, Some(text)) => parse(text),
+            (None, None) => (Config::default(), false),
         };
         config.downstream = DownstreamAddrs::all_at(&stubs.uri());
         config.admin_listen = AdminListen::OFF;

@@ -172,8 +172,9 @@ pub struct Stubs {
 }
 
 impl Stubs {
-    /// Starts the stubs on `127.0.0.1:0`.
-    pub(crate) async fn start() -> Self {
+    /// Starts the stubs alone on `127.0.0.1:0`, for a test of something that calls them
+    /// directly (a [`TestCheckout`](crate::TestCheckout) starts its own). Stopped when dropped.
+    pub async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .unwrap_or_else(|e| panic!("checkout-testkit: binding the stubs' port: {e}"));

@@ -1,17 +1,14 @@
-//! What the suite's modules share: stubs on 127.0.0.1:0 and PlaceOrder requests.
+//! What the suite's modules share: stubs on 127.0.0.1:0 (the testkit's, as any team's test
+//! would start them) and PlaceOrder requests.
 
 use std::time::Duration;
 
 use checkout_proto::checkout::v1 as pb;
-use checkout_stubs::StubServer;
-use tokio::net::TcpListener;
+use checkout_testkit::Stubs;
 
 /// The stubs in-process on a free loopback port, default behaviour.
-pub async fn start_stubs() -> StubServer {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind stubs");
-    StubServer::start(listener, Vec::new())
-        .await
-        .expect("start stubs")
+pub async fn start_stubs() -> Stubs {
+    Stubs::start().await
 }
 
 /// A PlaceOrder request for `cart` under idempotency key `key`.
