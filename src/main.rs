@@ -12,7 +12,21 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Threads of tokio's blocking pool.
 const BLOCKING_THREADS: usize = 24;
 
-fn main() -> anyhow::Result<std::process::ExitCode> {
+/// Runs the command; a failure is printed once, as one line naming every cause
+/// (`error: connecting to …: transport error: … Connection refused`), and exits 1 — never a
+/// `Caused by:` list or a backtrace, whatever `RUST_BACKTRACE` says: the user needs the reason,
+/// not where in this program it was noticed.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<std::process::ExitCode> {
     let cli = checkout::cli::Cli::parse();
     if let Err(error) = disable_transparent_huge_pages() {
         eprintln!("warning: transparent huge pages stay on: {error}");

@@ -1410,3 +1410,23 @@ async fn place_exits_with_a_code_per_answer() {
     assert_eq!(code(&pending).0, Some(3), "{}", code(&pending).1);
     assert!(code(&pending).1.contains("status       PENDING"));
 }
+
+/// A command that fails says why on one line — every cause, no `Caused by:` list and no
+/// backtrace even with `RUST_BACKTRACE=1` — and exits 1.
+#[tokio::test]
+async fn a_failed_command_says_why_on_one_line_and_exits_1() {
+    let out = Command::new(env!("CARGO_BIN_EXE_checkout"))
+        .args(["place", "--addr", "http://127.0.0.1:1"])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: connecting to http://127.0.0.1:1: "),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Connection refused"), "{stderr}");
+}

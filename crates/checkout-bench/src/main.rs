@@ -29,7 +29,19 @@ enum Command {
     Scenario(checkout_bench::scenario_cli::ScenarioArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs the command; a failure is printed once, as one line naming every cause, and exits 1
+/// (a scenario that failed its expectations exits non-zero the same way).
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         // As `checkout` does: `loadgen --in-process` runs the SQLite store's reads on the
