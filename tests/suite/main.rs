@@ -14,6 +14,7 @@ mod checkout;
 mod durability;
 mod edges;
 mod introspection;
+mod layout;
 mod overload;
 mod postgres;
 mod store_conformance;
