@@ -6,6 +6,7 @@
 //! A refused request should be answered `RESOURCE_EXHAUSTED` with `ErrorInfo{reason: OVERLOADED}`
 //! and `RetryInfo` from [`Overloaded::retry_after`]; nothing recorded, nothing sent.
 
+pub mod backlog;
 pub mod limit;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -17,6 +18,7 @@ use serde::Deserialize;
 // advance, so the limiter's windows and re-measurements run on simulated time.
 use tokio::time::Instant;
 
+pub use backlog::Backlog;
 pub use limit::{FixedLimit, GradientLimit, Limit, Sample};
 
 /// `[admission]`: the adaptive concurrency limit of PlaceOrder.
@@ -61,6 +63,12 @@ pub struct AdmissionPolicy {
     /// The `RetryInfo` advice sent with OVERLOADED.
     #[serde(with = "humantime_serde")]
     pub retry_after: Duration,
+    /// How long the in-flight count must stand at or above the limit, while more requests
+    /// arrive than finish, before the limit is enforced ([`backlog`]). Until then a request
+    /// past the limit (up to `max_limit`) is admitted when its deadline affords working off
+    /// the requests ahead of it: a stall's burst drains, a surge's backlog stands.
+    #[serde(with = "humantime_serde")]
+    pub standing_interval: Duration,
 }
 
 impl Default for AdmissionPolicy {
@@ -91,6 +99,7 @@ impl Default for AdmissionPolicy {
             min_rtt_samples: 25,
             drop_backoff: 0.9,
             retry_after: Duration::from_secs(1),
+            standing_interval: Duration::from_millis(500),
         }
     }
 }
@@ -166,6 +175,11 @@ impl AdmissionPolicy {
             let value = format!("{:?}", self.retry_after);
             return bad("retry_after", value, "must be above zero and at most 1h");
         }
+        if !(Duration::from_millis(10)..=Duration::from_secs(10)).contains(&self.standing_interval)
+        {
+            let value = format!("{:?}", self.standing_interval);
+            return bad("standing_interval", value, "must be 10ms-10s");
+        }
         Ok(())
     }
 }
@@ -201,13 +215,24 @@ pub struct AdmissionStats {
     pub abandoned: u64,
 }
 
+/// What the limiter's lock guards: the algorithm and the backlog monitor.
+#[derive(Debug)]
+struct Measured {
+    algorithm: Box<dyn Limit>,
+    /// `None` for a hand-set limit ([`AdaptiveLimiter::with_limit`]): nothing past it.
+    backlog: Option<Backlog>,
+}
+
 /// The state shared by a limiter and its permits.
 #[derive(Debug)]
 struct Shared {
     enabled: bool,
     retry_after: Duration,
-    /// The algorithm; locked only to feed a sample (never across an await).
-    algorithm: Mutex<Box<dyn Limit>>,
+    /// Past the limit, requests may be admitted up to here while the backlog drains.
+    ceiling: usize,
+    /// Locked to feed a sample and, at the limit, to judge the backlog (never across an
+    /// await); admission below the limit takes no lock.
+    measured: Mutex<Measured>,
     /// `algorithm.limit()`, copied after every sample so admission never locks.
     limit: AtomicUsize,
     /// `algorithm.queueing_delay()` in nanoseconds, copied likewise.
@@ -236,15 +261,63 @@ impl Shared {
         if !self.enabled {
             return;
         }
-        // A panic inside the algorithm leaves it usable: its state is plain numbers.
-        let mut algorithm = self
-            .algorithm
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        algorithm.on_sample(&sample);
-        self.limit.store(algorithm.limit(), Ordering::Release);
-        let nanos = u64::try_from(algorithm.queueing_delay().as_nanos()).unwrap_or(u64::MAX);
+        let mut measured = self.lock();
+        measured.algorithm.on_sample(&sample);
+        let limit = measured.algorithm.limit();
+        self.limit.store(limit, Ordering::Release);
+        let nanos =
+            u64::try_from(measured.algorithm.queueing_delay().as_nanos()).unwrap_or(u64::MAX);
         self.queueing_nanos.store(nanos, Ordering::Relaxed);
+        let (arrivals, departures) = self.totals();
+        let in_flight = self.in_flight.load(Ordering::Acquire);
+        if let Some(backlog) = measured.backlog.as_mut() {
+            let now = Instant::now();
+            backlog.observe(now, arrivals, departures);
+            backlog.at_limit(in_flight >= limit, now);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Measured> {
+        // A panic inside the algorithm leaves it usable: its state is plain numbers.
+        self.measured.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Requests that arrived (admitted or refused) and that finished, since start.
+    fn totals(&self) -> (u64, u64) {
+        let arrivals = self.admitted.load(Ordering::Relaxed) + self.refused.load(Ordering::Relaxed);
+        let departures = self.completed.load(Ordering::Relaxed)
+            + self.dropped.load(Ordering::Relaxed)
+            + self.abandoned.load(Ordering::Relaxed);
+        (arrivals, departures)
+    }
+
+    /// Whether a request arriving at `now` with `slack` left beyond the shortest path may be
+    /// admitted although `in_flight` is at or above the limit: only below the ceiling, while
+    /// the backlog is not collapsing, and when working off the requests ahead fits the slack.
+    fn admits_past_limit(&self, now: Instant, in_flight: usize, slack: Duration) -> bool {
+        if in_flight >= self.ceiling {
+            return false;
+        }
+        let (arrivals, departures) = self.totals();
+        let mut measured = self.lock();
+        let Some(backlog) = measured.backlog.as_mut() else {
+            return false;
+        };
+        backlog.observe(now, arrivals, departures);
+        backlog.at_limit(true, now);
+        !backlog.is_collapsing(now)
+            && backlog
+                .time_to_work_off(in_flight + 1)
+                .is_some_and(|wait| wait <= slack)
+    }
+
+    fn refuse(&self, limit: usize, in_flight: usize) -> Overloaded {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Overloaded {
+            limit,
+            in_flight,
+            retry_after: self.retry_after,
+        }
     }
 }
 
@@ -256,15 +329,35 @@ pub struct AdaptiveLimiter {
 }
 
 impl AdaptiveLimiter {
-    /// A limiter for `policy` (validated) with the gradient algorithm, starting now.
+    /// A limiter for `policy` (validated) with the gradient algorithm, starting now: past
+    /// the limit, up to `max_limit`, it admits what the backlog monitor allows.
     pub fn new(policy: &AdmissionPolicy) -> Self {
-        let algorithm = GradientLimit::new(policy, Instant::now(), rand::random());
-        Self::with_limit(algorithm, policy.enabled, policy.retry_after)
+        let now = Instant::now();
+        let algorithm = GradientLimit::new(policy, now, rand::random());
+        let backlog = Backlog::new(policy.standing_interval, now);
+        Self::build(
+            Box::new(algorithm),
+            Some(backlog),
+            policy.max_limit,
+            policy.enabled,
+            policy.retry_after,
+        )
     }
 
-    /// A limiter enforcing any [`Limit`]; when `enabled` is false it admits everything.
+    /// A limiter enforcing any [`Limit`] strictly (nothing past it); when `enabled` is false
+    /// it admits everything.
     pub fn with_limit(
         algorithm: impl Limit + 'static,
+        enabled: bool,
+        retry_after: Duration,
+    ) -> Self {
+        Self::build(Box::new(algorithm), None, 0, enabled, retry_after)
+    }
+
+    fn build(
+        algorithm: Box<dyn Limit>,
+        backlog: Option<Backlog>,
+        ceiling: usize,
         enabled: bool,
         retry_after: Duration,
     ) -> Self {
@@ -277,7 +370,8 @@ impl AdaptiveLimiter {
             shared: Arc::new(Shared {
                 enabled,
                 retry_after,
-                algorithm: Mutex::new(Box::new(algorithm)),
+                ceiling,
+                measured: Mutex::new(Measured { algorithm, backlog }),
                 limit: AtomicUsize::new(limit),
                 queueing_nanos: AtomicU64::new(0),
                 in_flight: AtomicUsize::new(0),
@@ -290,24 +384,35 @@ impl AdaptiveLimiter {
         }
     }
 
-    /// Admits a request now, or refuses it at once when the limit is reached.
+    /// Admits a request now, or refuses it at once when the limit is reached (and, for an
+    /// adaptive limiter, the backlog monitor does not let it past: see
+    /// [`AdaptiveLimiter::try_acquire_within_at`]).
     pub fn try_acquire(&self) -> Result<Permit, Overloaded> {
-        self.try_acquire_at(Instant::now())
+        self.try_acquire_within_at(Instant::now(), Duration::MAX)
     }
 
-    /// [`AdaptiveLimiter::try_acquire`] for a request arriving at `now`.
+    /// [`AdaptiveLimiter::try_acquire`] for a request arriving at `now`, with no deadline.
     pub fn try_acquire_at(&self, now: Instant) -> Result<Permit, Overloaded> {
+        self.try_acquire_within_at(now, Duration::MAX)
+    }
+
+    /// Admits a request arriving at `now` whose deadline leaves `slack` beyond the shortest
+    /// path. Below the limit it is admitted at once, without a lock. At or above it, an
+    /// adaptive limiter still admits it (up to `max_limit`) when the backlog is not collapsing
+    /// — it has not stood at the limit for `standing_interval` while growing — and working
+    /// off the requests ahead at the capacity measured fits `slack`: what a stall piles up
+    /// drains, so its orders are not refused. Otherwise it is refused at once.
+    pub fn try_acquire_within_at(
+        &self,
+        now: Instant,
+        slack: Duration,
+    ) -> Result<Permit, Overloaded> {
         let shared = &self.shared;
         let mut current = shared.in_flight.load(Ordering::Acquire);
         loop {
             let limit = shared.limit.load(Ordering::Acquire);
-            if current >= limit {
-                shared.refused.fetch_add(1, Ordering::Relaxed);
-                return Err(Overloaded {
-                    limit,
-                    in_flight: current,
-                    retry_after: shared.retry_after,
-                });
+            if current >= limit && !shared.admits_past_limit(now, current, slack) {
+                return Err(shared.refuse(limit, current));
             }
             match shared.in_flight.compare_exchange_weak(
                 current,
@@ -325,6 +430,19 @@ impl AdaptiveLimiter {
             acquired_at: now,
             in_flight: current + 1,
         })
+    }
+
+    /// The look-ahead of [`AdaptiveLimiter::try_acquire_within_at`]: whether it would refuse
+    /// now, without taking a permit. A refusal counts as one; an admission counts nothing
+    /// (the permit taken later does).
+    pub fn check_within_at(&self, now: Instant, slack: Duration) -> Result<(), Overloaded> {
+        let shared = &self.shared;
+        let current = shared.in_flight.load(Ordering::Acquire);
+        let limit = shared.limit.load(Ordering::Acquire);
+        if current >= limit && !shared.admits_past_limit(now, current, slack) {
+            return Err(shared.refuse(limit, current));
+        }
+        Ok(())
     }
 
     /// The current limit (`usize::MAX` when disabled).
@@ -692,6 +810,108 @@ mod tests {
         assert_eq!(limiter.limit(), 64, "measured: the adapted limit is back");
     }
 
+    /// A gradient limiter held at 8 (`smoothing` so small the limit cannot move), with the
+    /// default 500 ms standing interval and room up to 1000.
+    fn held_at_eight() -> AdaptiveLimiter {
+        AdaptiveLimiter::new(&AdmissionPolicy {
+            initial_limit: 8,
+            min_limit: 4,
+            max_limit: 1000,
+            smoothing: 0.0001,
+            min_rtt_jitter: Duration::ZERO,
+            ..AdmissionPolicy::default()
+        })
+    }
+
+    /// Every 10 ms of paused time for `span`: `arrivals` requests arrive with `slack`, and the
+    /// oldest in flight finishes (100/s). Returns how many were refused.
+    async fn run(
+        limiter: &AdaptiveLimiter,
+        held: &mut std::collections::VecDeque<Permit>,
+        span: Duration,
+        arrivals: usize,
+        slack: Duration,
+    ) -> usize {
+        let tick = Duration::from_millis(10);
+        let mut refused = 0;
+        let mut elapsed = Duration::ZERO;
+        while elapsed < span {
+            for _ in 0..arrivals {
+                match limiter.try_acquire_within_at(Instant::now(), slack) {
+                    Ok(permit) => held.push_back(permit),
+                    Err(_) => refused += 1,
+                }
+            }
+            tokio::time::advance(tick).await;
+            elapsed += tick;
+            if let Some(oldest) = held.pop_front() {
+                let rtt = oldest.acquired_at().elapsed();
+                oldest.complete(rtt);
+            }
+        }
+        refused
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_whose_backlog_the_deadlines_afford_is_admitted_past_the_limit() {
+        let limiter = held_at_eight();
+        let mut held = std::collections::VecDeque::new();
+        let slack = Duration::from_secs(2);
+        // Steady at 100/s with a few in flight: the capacity is measured.
+        assert_eq!(
+            run(&limiter, &mut held, Duration::from_secs(2), 1, slack).await,
+            0
+        );
+        assert_eq!(limiter.limit(), 8);
+        // The service stood still for 300 ms; the 30 orders that came meanwhile arrive at once.
+        tokio::time::advance(Duration::from_millis(300)).await;
+        for i in 0..30 {
+            let permit = limiter
+                .try_acquire_within_at(Instant::now(), slack)
+                .unwrap_or_else(|e| panic!("order {i} of the stall's burst refused: {e}"));
+            held.push_back(permit);
+        }
+        assert!(limiter.in_flight() >= 30, "well past the limit of 8");
+        // One whose deadline cannot afford working off ~31 orders at 100/s (~310 ms) is not.
+        let tight = limiter.try_acquire_within_at(Instant::now(), Duration::from_millis(100));
+        assert!(
+            tight.is_err(),
+            "a deadline that cannot fit the backlog is refused"
+        );
+        // A strict limit (a hand-set one) refuses past the limit whatever the deadline.
+        let strict = fixed(8);
+        let _full: Vec<_> = (0..8)
+            .map(|_| strict.try_acquire().expect("room"))
+            .collect();
+        assert!(strict.try_acquire_within_at(Instant::now(), slack).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backlog_that_stands_at_the_limit_and_grows_is_refused() {
+        let limiter = held_at_eight();
+        let mut held = std::collections::VecDeque::new();
+        let roomy = Duration::from_secs(3600);
+        assert_eq!(
+            run(&limiter, &mut held, Duration::from_secs(2), 1, roomy).await,
+            0
+        );
+        // A surge: 5 arrive per 10 ms, one finishes. For the first standing interval the
+        // backlog is absorbed; once it has stood at the limit for 500 ms while growing, the
+        // limit holds.
+        let absorbed = run(&limiter, &mut held, Duration::from_millis(400), 5, roomy).await;
+        assert_eq!(absorbed, 0, "not standing for an interval yet");
+        let refused = run(&limiter, &mut held, Duration::from_millis(600), 5, roomy).await;
+        assert!(refused > 100, "collapse is refused: {refused} of 300");
+        // Once it stops growing (arrivals back to what finishes) and drains below the limit,
+        // orders are admitted again.
+        run(&limiter, &mut held, Duration::from_secs(5), 0, roomy).await;
+        assert!(limiter.in_flight() < 8, "drained: {}", limiter.in_flight());
+        assert_eq!(
+            run(&limiter, &mut held, Duration::from_secs(1), 1, roomy).await,
+            0
+        );
+    }
+
     #[test]
     fn a_disabled_limiter_admits_everything_and_still_counts() {
         let policy = AdmissionPolicy {
@@ -718,7 +938,7 @@ mod tests {
              sample_window = \"250ms\"\n\
              samples_per_window = 10\nsample_percentile = 90.0\nmin_rtt_interval = \"30s\"\n\
              min_rtt_jitter = \"3s\"\nmin_rtt_samples = 25\ndrop_backoff = 0.9\n\
-             retry_after = \"1s\"\n",
+             retry_after = \"1s\"\nstanding_interval = \"500ms\"\n",
         )
         .expect("parses");
         assert_eq!(parsed, policy);
@@ -730,7 +950,7 @@ mod tests {
     fn unknown_keys_are_refused_and_each_bad_number_names_its_key() {
         assert!(toml::from_str::<AdmissionPolicy>("limit = 5\n").is_err());
         type Spoil = fn(&mut AdmissionPolicy);
-        let cases: [(&str, Spoil); 13] = [
+        let cases: [(&str, Spoil); 14] = [
             ("min_limit", |p| p.min_limit = 0),
             ("max_limit", |p| p.max_limit = 4),
             ("initial_limit", |p| p.initial_limit = 2000),
@@ -748,6 +968,9 @@ mod tests {
             ("min_rtt_samples", |p| p.min_rtt_samples = 0),
             ("drop_backoff", |p| p.drop_backoff = 1.5),
             ("retry_after", |p| p.retry_after = Duration::ZERO),
+            ("standing_interval", |p| {
+                p.standing_interval = Duration::ZERO
+            }),
         ];
         for (key, spoil) in cases {
             let mut policy = AdmissionPolicy::default();

@@ -117,15 +117,18 @@ impl Orchestrator {
         &self.limiter
     }
 
-    /// Sheds what the service cannot answer well now (docs/design.md §10, admission control): past the
-    /// adaptive concurrency limit, or when the queueing the service adds already exceeds the
-    /// request's slack beyond the shortest path. A refused request is neither recorded nor sent.
+    /// Sheds what the service cannot answer well now (docs/design.md §10, admission control):
+    /// when the queueing the service adds already exceeds the request's slack beyond the
+    /// shortest path, or at the adaptive concurrency limit unless the limiter lets it past (a
+    /// backlog that drains, and working it off fits the slack). A refused request is neither
+    /// recorded nor sent.
     fn admit_load(&self, deadline: &Deadline) -> Result<Permit, CheckoutError> {
-        let admitted = match self.queueing_exceeds_slack(deadline) {
+        let slack = self.slack(deadline);
+        let admitted = match self.queueing_exceeds_slack(slack) {
             Some(cause) => Err(cause),
             None => self
                 .limiter
-                .try_acquire()
+                .try_acquire_within_at(tokio::time::Instant::now(), slack)
                 .map_err(|refused| Overload::ConcurrencyLimit {
                     limit: refused.limit,
                 }),
@@ -139,9 +142,14 @@ impl Orchestrator {
     /// another. Takes no permit; `place` decides for real (the limit may be reached between
     /// the two).
     pub fn shed_early(&self, deadline: &Deadline) -> Result<(), CheckoutError> {
-        let cause = self.queueing_exceeds_slack(deadline).or_else(|| {
-            let limit = self.limiter.limit();
-            (self.limiter.in_flight() >= limit).then_some(Overload::ConcurrencyLimit { limit })
+        let slack = self.slack(deadline);
+        let cause = self.queueing_exceeds_slack(slack).or_else(|| {
+            self.limiter
+                .check_within_at(tokio::time::Instant::now(), slack)
+                .err()
+                .map(|refused| Overload::ConcurrencyLimit {
+                    limit: refused.limit,
+                })
         });
         match cause {
             Some(cause) => self.judged::<()>(Err(cause)),
@@ -149,10 +157,14 @@ impl Orchestrator {
         }
     }
 
-    fn queueing_exceeds_slack(&self, deadline: &Deadline) -> Option<Overload> {
-        let slack = deadline
+    /// What the request's deadline leaves beyond the shortest path.
+    fn slack(&self, deadline: &Deadline) -> Duration {
+        deadline
             .remaining()
-            .saturating_sub(self.budgeter.admission_floor());
+            .saturating_sub(self.budgeter.admission_floor())
+    }
+
+    fn queueing_exceeds_slack(&self, slack: Duration) -> Option<Overload> {
         let expected_wait = self.limiter.expected_wait();
         (expected_wait > slack).then_some(Overload::QueueingExceedsSlack {
             expected_wait,
