@@ -175,6 +175,10 @@ pub struct LoadgenArgs {
     /// Callers in saturate mode.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// HTTP/2 connections to each target, orders spread over them in turn. 1 is what a grpcio
+    /// or Go channel (and tonic's `Channel`) uses: every order multiplexed on one connection.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    connections: u16,
     /// Measured time of each run.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     duration: Duration,
@@ -473,13 +477,24 @@ async fn drive(
     round: u32,
     probes: Vec<(Probe, bool)>,
 ) -> anyhow::Result<Measured> {
-    let channel = Endpoint::from_shared(uri.to_owned())
+    let endpoint = Endpoint::from_shared(uri.to_owned())
         .with_context(|| format!("invalid target {uri:?}"))?
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {uri}"))?;
-    let client = CheckoutServiceClient::new(channel);
+        .tcp_nodelay(true);
+    let mut clients = Vec::with_capacity(usize::from(args.connections));
+    for _ in 0..args.connections {
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {uri}"))?;
+        clients.push(CheckoutServiceClient::new(channel));
+    }
+    // Each order takes the next connection in turn.
+    let clients = Arc::new(clients);
+    let turn = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let next_client = move || {
+        let i = turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % clients.len();
+        clients[i].clone()
+    };
     let run_id = format!("{:x}", rand::random::<u32>());
     let started = Instant::now();
     let measure_from = started + args.warmup;
@@ -571,11 +586,7 @@ async fn drive(
 
     match mode {
         Mode::Saturate => {
-            load::closed_loop(args.concurrency, end, {
-                let client = client.clone();
-                move |now| one(client.clone(), now)
-            })
-            .await?;
+            load::closed_loop(args.concurrency, end, move |now| one(next_client(), now)).await?;
         }
         Mode::Open => {
             let now = Instant::now();
@@ -583,7 +594,7 @@ async fn drive(
                 rate: f64::from(args.rate),
                 duration: end.saturating_duration_since(now),
             };
-            load::open_loop(now, &[phase], |_, scheduled| one(client.clone(), scheduled)).await;
+            load::open_loop(now, &[phase], |_, scheduled| one(next_client(), scheduled)).await;
         }
     }
     all_answered.cancel();
@@ -704,6 +715,7 @@ fn print_run(args: &LoadgenArgs, run: &Run, header: bool) {
                     ("lane", report::string(&run.lane)),
                     ("mode", report::string(mode_name(run.mode))),
                     ("round", run.round.to_string()),
+                    ("connections", args.connections.to_string()),
                     ("backlog", backlog),
                 ],
                 &run.measured
@@ -711,6 +723,12 @@ fn print_run(args: &LoadgenArgs, run: &Run, header: bool) {
         );
     } else {
         if header {
+            println!(
+                "# {} over {} HTTP/2 connection{} per target",
+                mode_name(run.mode),
+                args.connections,
+                if args.connections == 1 { "" } else { "s" }
+            );
             println!("{}", report::header("round lane", &run.measured.procs));
         }
         let label = format!("{} {}", run.round, run.lane);
@@ -786,7 +804,7 @@ fn print_summary(args: &LoadgenArgs, lanes: &[Lane], runs: &[Run]) -> anyhow::Re
         }
     }
     if !args.json && lanes.len() > 1 {
-        print!("{}", headline(lanes, &merged));
+        print!("{}", headline(lanes, &merged, args.connections));
     }
     Ok(())
 }
@@ -794,8 +812,16 @@ fn print_summary(args: &LoadgenArgs, lanes: &[Lane], runs: &[Run]) -> anyhow::Re
 /// The headline: per lane, in open loop the CPU per order of its server and of the whole
 /// system behind the loader (servers, stubs, database backends), p99 and the achieved rate; at
 /// saturation the server's CPU per order and orders/s; each with its ratio to the first lane.
-fn headline(lanes: &[Lane], merged: &[(Mode, &Lane, Measured, Option<u64>)]) -> String {
+fn headline(
+    lanes: &[Lane],
+    merged: &[(Mode, &Lane, Measured, Option<u64>)],
+    connections: u16,
+) -> String {
     use std::fmt::Write;
+    let connections = match connections {
+        1 => "one HTTP/2 connection per lane".to_owned(),
+        n => format!("{n} HTTP/2 connections per lane"),
+    };
     let find = |mode: Mode, lane: &str| {
         merged
             .iter()
@@ -813,7 +839,7 @@ fn headline(lanes: &[Lane], merged: &[(Mode, &Lane, Measured, Option<u64>)]) -> 
         }
     };
     let mut out = String::new();
-    let _ = writeln!(out, "\nheadline, ratios to {base}:");
+    let _ = writeln!(out, "\nheadline ({connections}), ratios to {base}:");
     let _ = writeln!(
         out,
         "{:<16}{:-^72}{:-^36}",
@@ -960,7 +986,7 @@ mod tests {
             (Mode::Open, &lanes[0], measured(1000, 200), None),
             (Mode::Open, &lanes[1], measured(1000, 900), None),
         ];
-        let text = headline(&lanes, &merged);
+        let text = headline(&lanes, &merged, 1);
         let lines: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
         assert_eq!(lines[1].chars().count(), lines[2].chars().count());
         assert!(lines[3].contains("200 µs  1.00×"), "{text}");

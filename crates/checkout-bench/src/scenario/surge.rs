@@ -174,7 +174,8 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
     // loader's own lag, shown alongside.
     let refusal_p99 = samples.quantile_of(0.99, |s| s.overloaded, |s| s.waited);
     let scheduled_p99 = samples.quantile(0.99, |s| s.overloaded);
-    report.check(
+    report.speed(
+        options.quick,
         "refusals (OVERLOADED) p99 at the client",
         "<= 20 ms",
         match (refusal_p99, scheduled_p99) {
@@ -196,7 +197,8 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
             surge_to + Duration::from_secs(3),
         )
         .quantile(0.99, |s| s.admitted);
-    report.check(
+    report.speed(
+        options.quick,
         "p99 in the 3rd second after the surge",
         match before {
             Some(p99) => format!("<= 2 x pre-surge ({})", ms(p99 * 2)),
