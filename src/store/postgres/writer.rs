@@ -243,7 +243,21 @@ async fn commit_group(lanes: &Lanes, mut group: Vec<Pending>) {
                 return;
             }
         };
-        let remaining = tightest.saturating_sub(now.elapsed());
+        // Waiting for the connection took time: a write whose caller has stopped waiting
+        // meanwhile is not sent (with the guard's worth of time or less, its statement could
+        // still finish once whatever held it up — a lock — is gone, after its caller was told
+        // Timeout).
+        let now = Instant::now();
+        let (live, late): (Vec<_>, Vec<_>) = group
+            .into_iter()
+            .partition(|w| w.ticket.deadline() > now + lanes.guard);
+        group = live;
+        for write in late {
+            write.op.refuse(&EXPIRED);
+        }
+        let Some(remaining) = group.iter().map(|w| w.ticket.deadline() - now).min() else {
+            return;
+        };
         let mut tx = match begin_bounded(&mut conn, remaining, lanes.guard).await {
             Ok(tx) => tx,
             Err(e) => {
