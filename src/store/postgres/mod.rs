@@ -210,11 +210,12 @@ fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
 }
 
 /// Applies the schema in one transaction under a transaction-level advisory lock (replicas
-/// starting together wait for the first, then find its migrations applied), bounded by
-/// `limit`. Runs on a connection of its own, closed afterwards: sqlx's migrator prepares its
-/// statements, which are deallocated before the commit so no server connection keeps them.
+/// starting together wait for the first, then find its migrations applied). Each statement,
+/// the wait for the lock included, is bounded by `limit`, as before by the session's timeout
+/// (a migration may take several statements). Runs on a connection of its own, closed
+/// afterwards: sqlx's migrator prepares its statements, which are deallocated before the
+/// commit so no server connection keeps them.
 async fn migrate(options: &PgConnectOptions, limit: Duration) -> Result<(), StoreError> {
-    let call = Call::start(limit, is_timeout);
     let mut conn = match tokio::time::timeout(limit, PgConnection::connect_with(options)).await {
         Ok(conn) => conn.map_err(open_error)?,
         Err(_) => {
@@ -223,24 +224,26 @@ async fn migrate(options: &PgConnectOptions, limit: Duration) -> Result<(), Stor
             ));
         }
     };
-    let applied = call
-        .run(async {
-            let mut tx = begin_bounded(&mut conn, call.remaining(), Duration::ZERO).await?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(SCHEMA_LOCK)
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?;
-            let mut migrator = schema::postgres();
-            migrator.set_locking(false);
-            if let Err(e) = migrator.run(&mut *tx).await {
-                return Err(Fail::Store(migrate_error(e)));
-            }
-            sqlx::raw_sql("DEALLOCATE ALL").execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(())
-        })
-        .await;
+    let applied = async {
+        let mut tx = begin_bounded(&mut conn, limit, Duration::ZERO)
+            .await
+            .map_err(open_error)?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(SCHEMA_LOCK)
+            .persistent(false)
+            .execute(&mut *tx)
+            .await
+            .map_err(open_error)?;
+        let mut migrator = schema::postgres();
+        migrator.set_locking(false);
+        migrator.run(&mut *tx).await.map_err(migrate_error)?;
+        sqlx::raw_sql("DEALLOCATE ALL")
+            .execute(&mut *tx)
+            .await
+            .map_err(open_error)?;
+        tx.commit().await.map_err(open_error)
+    }
+    .await;
     // The connection's own cache still names the deallocated statements: it is not reused.
     conn.close().await.ok();
     applied
