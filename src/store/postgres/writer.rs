@@ -277,6 +277,22 @@ async fn commit_group(lanes: &Lanes, mut group: Vec<Pending>) {
             one_at_a_time(&mut tx, lanes.sql, &mut group).await
         };
         let Some((culprit, fail)) = failed else {
+            // A caller whose time ran out meanwhile has been told Timeout; its write could
+            // still be here because the server's timeout counts from when each statement
+            // arrived, and on a busy machine a statement can arrive late. It is not committed:
+            // the group is rolled back and the others run again without it (the loop drops
+            // every write past its deadline), so "Timeout" means nothing was applied unless
+            // the COMMIT itself was already on its way.
+            if group.iter().any(|w| w.ticket.deadline() <= Instant::now()) {
+                if let Err(e) = tx.rollback().await {
+                    let error = classify(e, tightest, lanes.is_timeout);
+                    for write in group {
+                        write.op.refuse(&error);
+                    }
+                    return;
+                }
+                continue;
+            }
             let committed = tx
                 .commit()
                 .await
