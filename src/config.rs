@@ -380,6 +380,33 @@ pub enum SqliteSynchronous {
     Normal,
 }
 
+/// What stands between the service and PostgreSQL (`store.pooler`).
+///
+/// Nothing the store does relies on session state (timeouts are `SET LOCAL` in each
+/// transaction, no settings are sent at connect), so it runs through a pooler in either mode;
+/// what differs is whether the server keeps a statement prepared on one transaction for the
+/// next, which a transaction pooler (PgBouncer's `pool_mode = transaction`) does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooler {
+    /// Direct connections: statements are prepared once per connection and kept.
+    #[default]
+    None,
+    /// A session pooler: each client connection keeps one server connection, so prepared
+    /// statements are kept as with `none`.
+    Session,
+    /// A transaction pooler: each transaction may run on another server connection, so
+    /// statements are sent unnamed (parsed for each execution) and never kept.
+    Transaction,
+}
+
+impl Pooler {
+    /// Whether statements may be prepared once and kept on the connection.
+    pub fn keeps_prepared_statements(self) -> bool {
+        !matches!(self, Self::Transaction)
+    }
+}
+
 /// `server.*` keys: limits of the gRPC server and its HTTP/2 connections.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -474,6 +501,9 @@ pub struct StoreConfig {
     /// NOT_SERVING while it does not.
     #[serde(with = "humantime_serde")]
     pub probe_interval: Duration,
+    /// The connection pooler in front of PostgreSQL, if any (`none`, `session`,
+    /// `transaction`).
+    pub pooler: Pooler,
 }
 
 impl std::fmt::Debug for StoreConfig {
@@ -491,6 +521,7 @@ impl std::fmt::Debug for StoreConfig {
             .field("background_timeout", &self.background_timeout)
             .field("statement_guard", &self.statement_guard)
             .field("probe_interval", &self.probe_interval)
+            .field("pooler", &self.pooler)
             .finish()
     }
 }
@@ -507,6 +538,7 @@ impl Default for StoreConfig {
             background_timeout: Duration::from_secs(5),
             statement_guard: Duration::from_millis(5),
             probe_interval: Duration::from_secs(5),
+            pooler: Pooler::None,
         }
     }
 }
@@ -1025,6 +1057,11 @@ mod tests {
                  integer `3`, expected a duration",
             ),
             (
+                "[store]\npooler = \"pgbouncer\"\n",
+                "invalid config /etc/checkout.toml:2:10: store.pooler: unknown variant \
+                 `pgbouncer`, expected one of `none`, `session`, `transaction`",
+            ),
+            (
                 "[worker\n",
                 "invalid config /etc/checkout.toml:1:8: unclosed table, expected `]`",
             ),
@@ -1167,6 +1204,9 @@ mod tests {
             }),
             case("store", "[store]\nmax_connections = 4", |c| {
                 c.store.max_connections = 4
+            }),
+            case("store_pooler", "[store]\npooler = \"transaction\"", |c| {
+                c.store.pooler = Pooler::Transaction
             }),
             case("server", "[server]\nmax_concurrent_streams = 100", |c| {
                 c.server.max_concurrent_streams = 100

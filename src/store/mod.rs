@@ -79,6 +79,7 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn OrderStore>, StoreErro
                 config.max_connections,
                 config.statement_guard,
                 config.background_timeout,
+                config.pooler,
             )
             .await
             .map_err(|e| without_password(e, url))?;

@@ -1,6 +1,11 @@
 //! Fresh PostgreSQL databases for tests: one per test, created from
 //! `CHECKOUT_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and dropped
 //! — with any connection still open — when the handle is.
+//!
+//! The stores under test may reach the server another way: through a connection pooler, with
+//! `CHECKOUT_TEST_STORE_URL` (its database name replaced by each test's, as for the admin URL)
+//! and `CHECKOUT_TEST_POOLER` (the `store.pooler` the stores are opened with: `none`,
+//! `session` or `transaction`; default `none`). `deploy/pgbouncer-test` sets both.
 
 #![allow(dead_code)] // Each suite uses a part.
 
@@ -8,10 +13,33 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 
+/// The `store.pooler` of the stores under test (`CHECKOUT_TEST_POOLER`).
+pub fn pooler() -> checkout::config::Pooler {
+    use checkout::config::Pooler;
+    match std::env::var("CHECKOUT_TEST_POOLER").as_deref() {
+        Err(_) | Ok("" | "none") => Pooler::None,
+        Ok("session") => Pooler::Session,
+        Ok("transaction") => Pooler::Transaction,
+        Ok(other) => panic!("CHECKOUT_TEST_POOLER={other}: expected none, session or transaction"),
+    }
+}
+
+/// `url` with its database name replaced by `name` (a query string is kept).
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (url, String::new()),
+    };
+    let (server, _) = base.rsplit_once('/').expect("a URL with a database path");
+    format!("{server}/{name}{query}")
+}
+
 /// One database of a test's own.
 pub struct TestDatabase {
     /// Where databases are created, altered and dropped.
     admin_url: String,
+    /// How the stores under test reach the server (the admin URL unless a pooler is tested).
+    store_url: String,
     /// `<prefix>_<random>`.
     name: String,
 }
@@ -21,22 +49,34 @@ impl TestDatabase {
     pub async fn create(prefix: &str) -> Self {
         let admin_url = std::env::var("CHECKOUT_TEST_DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let store_url =
+            std::env::var("CHECKOUT_TEST_STORE_URL").unwrap_or_else(|_| admin_url.clone());
         let name = format!("{prefix}_{:016x}", rand::random::<u64>());
-        let database = Self { admin_url, name };
+        let database = Self {
+            admin_url,
+            store_url,
+            name,
+        };
         database
             .admin(&format!("CREATE DATABASE {}", database.name))
             .await;
         database
     }
 
-    /// The URL of this database: the admin URL with its database name replaced.
+    /// The URL of this database for a store: through the pooler under test, if any.
     pub fn url(&self) -> String {
-        let (base, query) = match self.admin_url.split_once('?') {
-            Some((base, query)) => (base, format!("?{query}")),
-            None => (self.admin_url.as_str(), String::new()),
-        };
-        let (server, _) = base.rsplit_once('/').expect("a URL with a database path");
-        format!("{server}/{}{query}", self.name)
+        with_database(&self.store_url, &self.name)
+    }
+
+    /// The URL of this database on the server itself, past any pooler (for what a pooler does
+    /// not carry, such as the server's TLS).
+    pub fn direct_url(&self) -> String {
+        with_database(&self.admin_url, &self.name)
+    }
+
+    /// Whether the stores under test reach the server through a pooler.
+    pub fn through_pooler(&self) -> bool {
+        self.store_url != self.admin_url
     }
 
     /// The database's name.

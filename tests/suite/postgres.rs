@@ -65,6 +65,7 @@ impl Replica {
     ) -> Self {
         let mut config = test_config(stubs, &std::env::temp_dir());
         config.store.database_url = Some(database.url());
+        config.store.pooler = crate::common::pg::pooler();
         config.store.max_connections = POOL;
         adjust(&mut config);
         config.validate().unwrap();
@@ -443,6 +444,24 @@ async fn an_unreachable_database_is_answered_unavailable_and_recovered_from_with
     assert!(called.is_empty(), "called without a record: {called:?}");
 
     database.restore().await;
+    if database.through_pooler() {
+        // A pooler reaches the server again when it next tries to log in, which PgBouncer
+        // does `server_login_retry` (15 s) after a failed login; until then it refuses.
+        let answered = common::poll_until(
+            "PlaceOrder through the pooler (to be answered once it logs in again)",
+            Duration::from_secs(30),
+            Duration::from_millis(250),
+            || async {
+                let (answer, _) = replica.place(order("outage", "cart-700"), 2 * SECOND).await;
+                answer
+                    .map(|placed| placed.status)
+                    .map_err(|status| status.code())
+            },
+            Result::is_ok,
+        )
+        .await;
+        assert_eq!(answered, Ok(OrderStatus::Confirmed as i32), "{answered:?}");
+    }
     let (answer, took) = replica.place(order("outage", "cart-700"), 2 * SECOND).await;
     let placed = answer.expect("the store is back: PlaceOrder answers with an Order");
     assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
@@ -523,7 +542,8 @@ async fn a_database_that_stops_taking_writes_turns_health_not_serving() {
     let _ = &mut health;
     replica.stop().await;
 
-    let require = format!("{}?sslmode=require", database.url());
+    // Past any pooler: TLS is the server's.
+    let require = format!("{}?sslmode=require", database.direct_url());
     let config = checkout::config::StoreConfig {
         database_url: Some(require),
         ..Default::default()
@@ -533,7 +553,7 @@ async fn a_database_that_stops_taking_writes_turns_health_not_serving() {
         .expect("sslmode=require: the server speaks TLS and rustls does too");
     store.close().await;
     let verify = checkout::config::StoreConfig {
-        database_url: Some(format!("{}?sslmode=verify-full", database.url())),
+        database_url: Some(format!("{}?sslmode=verify-full", database.direct_url())),
         ..Default::default()
     };
     let refused = checkout::store::open(&verify)

@@ -220,9 +220,15 @@ mod pg {
 
     /// A store on `database`, like one replica.
     pub async fn open(database: &TestDatabase) -> PostgresStore {
-        PostgresStore::open(&database.url(), 8, Duration::from_millis(5), BACKGROUND)
-            .await
-            .expect("open postgres")
+        PostgresStore::open(
+            &database.url(),
+            8,
+            Duration::from_millis(5),
+            BACKGROUND,
+            crate::common::pg::pooler(),
+        )
+        .await
+        .expect("open postgres")
     }
 }
 
@@ -1589,6 +1595,7 @@ async fn opening_an_unreachable_postgres_fails_as_unavailable() {
         2,
         Duration::from_millis(5),
         Duration::from_millis(300),
+        checkout::config::Pooler::None,
     )
     .await;
     assert!(
@@ -1676,6 +1683,71 @@ mod postgres_replicas {
         for store in &replicas {
             store.close().await;
         }
+    }
+
+    /// A background call whose statement runs long — a trigger on the probe row sleeping in
+    /// `probe`'s write — is cut by the server at the call's budget: its transaction's
+    /// `SET LOCAL statement_timeout`, with no session default behind it (none is set at
+    /// connect, so a transaction pooler loses nothing). The call fails as Timeout within its
+    /// limit, and no statement of the store is left sleeping on the server (a call cut off
+    /// only on the client would leave it sleeping there for 30 s).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_statement_in_a_background_call_is_cancelled_by_the_server_at_its_budget() {
+        let database = pg::TestDatabase::create("checkout_t").await;
+        let budget = Duration::from_millis(500);
+        let store = checkout::store::PostgresStore::open(
+            &database.url(),
+            2,
+            Duration::from_millis(5),
+            budget,
+            crate::common::pg::pooler(),
+        )
+        .await
+        .expect("open postgres");
+        store.probe(1).await.expect("a first probe");
+
+        let mut admin = PgConnection::connect(&database.direct_url())
+            .await
+            .expect("admin connection");
+        admin
+            .execute(
+                "CREATE FUNCTION slow_probe() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN PERFORM pg_sleep(30); RETURN NEW; END $$; \
+                 CREATE TRIGGER slow_probe BEFORE INSERT OR UPDATE ON store_probe \
+                 FOR EACH ROW EXECUTE FUNCTION slow_probe()",
+            )
+            .await
+            .expect("a sleeping trigger");
+
+        let started = std::time::Instant::now();
+        let result = store.probe(2).await;
+        let took = started.elapsed();
+        assert!(matches!(result, Err(StoreError::Timeout(_))), "{result:?}");
+        assert!(took < budget + Duration::from_millis(500), "took {took:?}");
+
+        let admin = tokio::sync::Mutex::new(admin);
+        let sleeping = || async {
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = $1 \
+                 AND state = 'active' AND query LIKE '%INTO store_probe%' \
+                 AND pid <> pg_backend_pid()",
+            )
+            .bind(database.name())
+            .fetch_one(&mut *admin.lock().await)
+            .await
+            .expect("pg_stat_activity");
+            n
+        };
+        crate::common::poll_until(
+            "the store's sleeping statement (cancelled by the server)",
+            Duration::from_secs(3),
+            Duration::from_millis(20),
+            sleeping,
+            |n| *n == 0,
+        )
+        .await;
+        store.close().await;
+        admin.into_inner().close().await.ok();
     }
 
     /// A request-path write blocked by a row lock gives up within its limit with Timeout (the

@@ -24,7 +24,7 @@ use super::super::group::{Reply, Ticket};
 use super::super::{
     Begin, Decision, Failure, Job, JobOutcome, Money, NewOrder, OrderRecord, StoreError, sql,
 };
-use super::decision;
+use super::{Sql, decision};
 
 /// Inserts new orders as RECEIVED, each with its takeover time, skipping those whose scope
 /// already has their idempotency key; returns the ids inserted. `$1`..`$13` arrays
@@ -180,7 +180,11 @@ impl Op {
 
 /// Runs every write of `group` on `conn` (inside the group's transaction), kind by kind,
 /// keeping each write's result in its reply.
-pub(super) async fn run(conn: &mut PgConnection, group: &mut [Pending]) -> Result<(), Fail> {
+pub(super) async fn run(
+    conn: &mut PgConnection,
+    q: Sql,
+    group: &mut [Pending],
+) -> Result<(), Fail> {
     let mut begins = Vec::new();
     let mut holds = Vec::new();
     let mut decides = Vec::new();
@@ -209,19 +213,19 @@ pub(super) async fn run(conn: &mut PgConnection, group: &mut [Pending]) -> Resul
     for round in rounds(begins, |(order, ..)| {
         (order.scope.clone(), order.idempotency_key.clone())
     }) {
-        begin_orders(conn, round).await?;
+        begin_orders(conn, q, round).await?;
     }
     for round in rounds(holds, |(order_id, ..)| (*order_id).to_owned()) {
-        record_hold_intents(conn, round).await?;
+        record_hold_intents(conn, q, round).await?;
     }
     for round in rounds(decides, |(d, _)| d.order_id.clone()) {
         let (decisions, replies): (Vec<_>, Vec<_>) = round.into_iter().unzip();
-        let results = decide(conn, &decisions).await?;
+        let results = decide(conn, q, &decisions).await?;
         for (reply, result) in replies.into_iter().zip(results) {
             reply.result = Some(result);
         }
     }
-    finish_jobs(conn, finishes).await
+    finish_jobs(conn, q, finishes).await
 }
 
 /// Splits `items` into rounds in which no key repeats, keeping their order: the first of each
@@ -241,12 +245,14 @@ fn rounds<T, K: Hash + Eq>(mut items: Vec<T>, key: impl Fn(&T) -> K) -> Vec<Vec<
 /// Reads the orders `ids` by id (in any order; an id given twice is read once).
 pub(super) async fn load(
     conn: &mut PgConnection,
+    q: Sql,
     ids: &[&str],
 ) -> Result<HashMap<String, OrderRecord>, Fail> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
-    let rows = sqlx::query(SELECT_ORDERS)
+    let rows = q
+        .query(SELECT_ORDERS)
         .bind(ids)
         .fetch_all(&mut *conn)
         .await?;
@@ -261,6 +267,7 @@ pub(super) async fn load(
 /// One round of begins (distinct order ids).
 async fn begin_orders(
     conn: &mut PgConnection,
+    q: Sql,
     round: Vec<(&NewOrder, i64, &mut Reply<Begin>)>,
 ) -> Result<(), Fail> {
     let text = |field: fn(&NewOrder) -> &str| -> Vec<&str> {
@@ -269,7 +276,8 @@ async fn begin_orders(
     let number = |field: fn(&NewOrder) -> i64| -> Vec<i64> {
         round.iter().map(|(order, ..)| field(order)).collect()
     };
-    let rows = sqlx::query(BEGIN_ORDERS)
+    let rows = q
+        .query(BEGIN_ORDERS)
         .bind(text(|o| &o.order_id))
         .bind(text(|o| &o.scope))
         .bind(text(|o| &o.idempotency_key))
@@ -311,7 +319,7 @@ async fn begin_orders(
         .map(|(order, ..)| *order)
         .filter(|order| !created.contains(&order.order_id))
         .collect();
-    let mut stored = load_by_key(conn, &existing).await?;
+    let mut stored = load_by_key(conn, q, &existing).await?;
     for (order, _, reply) in round {
         reply.result = Some(if created.contains(&order.order_id) {
             Ok(Begin::Created(sql::received(order)))
@@ -330,12 +338,14 @@ async fn begin_orders(
 /// Reads the stored orders of the scopes and keys of `orders`, by (scope, key).
 async fn load_by_key(
     conn: &mut PgConnection,
+    q: Sql,
     orders: &[&NewOrder],
 ) -> Result<HashMap<(String, String), OrderRecord>, Fail> {
     if orders.is_empty() {
         return Ok(HashMap::new());
     }
-    let rows = sqlx::query(SELECT_ORDERS_BY_KEY)
+    let rows = q
+        .query(SELECT_ORDERS_BY_KEY)
         .bind(orders.iter().map(|o| o.scope.as_str()).collect::<Vec<_>>())
         .bind(
             orders
@@ -360,9 +370,10 @@ async fn load_by_key(
 /// One round of hold intents (distinct order ids).
 async fn record_hold_intents(
     conn: &mut PgConnection,
+    q: Sql,
     round: Vec<(&str, &Money, i64, &mut Reply<()>)>,
 ) -> Result<(), Fail> {
-    sqlx::query(RECORD_HOLD_INTENTS)
+    q.query(RECORD_HOLD_INTENTS)
         .bind(round.iter().map(|(id, ..)| *id).collect::<Vec<_>>())
         .bind(
             round
@@ -389,9 +400,11 @@ async fn record_hold_intents(
 /// Corrupt error for an unknown order (which changed nothing).
 pub(super) async fn decide(
     conn: &mut PgConnection,
+    q: Sql,
     decisions: &[&Decision],
 ) -> Result<Vec<Result<OrderRecord, StoreError>>, Fail> {
-    let rows = decision::query(decisions.iter().copied())
+    let rows = q
+        .send(decision::query(decisions.iter().copied()))
         .fetch_all(&mut *conn)
         .await?;
     let mut decided = rows
@@ -408,7 +421,7 @@ pub(super) async fn decide(
         .map(|d| d.order_id.as_str())
         .filter(|id| !decided.contains_key(*id))
         .collect();
-    let mut stored = load(conn, &unchanged).await?;
+    let mut stored = load(conn, q, &unchanged).await?;
     Ok(decisions
         .iter()
         .map(|d| {
@@ -427,7 +440,11 @@ type Finish<'a> = (&'a Job, &'a JobOutcome, &'a mut Reply<bool>);
 
 /// Job outcomes: done and retry as one statement per round each; parking and done with a
 /// decision one by one (rare, and a decision must roll back with its job).
-async fn finish_jobs(conn: &mut PgConnection, finishes: Vec<Finish<'_>>) -> Result<(), Fail> {
+async fn finish_jobs(
+    conn: &mut PgConnection,
+    q: Sql,
+    finishes: Vec<Finish<'_>>,
+) -> Result<(), Fail> {
     let mut done = Vec::new();
     let mut retry = Vec::new();
     let mut single = Vec::new();
@@ -440,7 +457,7 @@ async fn finish_jobs(conn: &mut PgConnection, finishes: Vec<Finish<'_>>) -> Resu
     }
     for round in rounds(done, |(job, ..)| job.id) {
         let held = leased(
-            sqlx::query(FINISH_DONE)
+            q.query(FINISH_DONE)
                 .bind(round.iter().map(|(job, ..)| job.id).collect::<Vec<_>>())
                 .bind(
                     round
@@ -481,7 +498,7 @@ async fn finish_jobs(conn: &mut PgConnection, finishes: Vec<Finish<'_>>) -> Resu
             }
         }
         let held = leased(
-            sqlx::query(FINISH_RETRY)
+            q.query(FINISH_RETRY)
                 .bind(round.iter().map(|(job, ..)| job.id).collect::<Vec<_>>())
                 .bind(
                     round
@@ -506,7 +523,7 @@ async fn finish_jobs(conn: &mut PgConnection, finishes: Vec<Finish<'_>>) -> Resu
         settle_leases(round, &held);
     }
     for (job, outcome, reply) in single {
-        reply.result = Some(Ok(finish_one(conn, job, outcome).await?));
+        reply.result = Some(Ok(finish_one(conn, q, job, outcome).await?));
     }
     Ok(())
 }
@@ -534,11 +551,12 @@ fn settle_leases(round: Vec<Finish<'_>>, held: &HashSet<i64>) {
 /// an unknown order fails the whole write (its job must not be finished either).
 async fn finish_one(
     conn: &mut PgConnection,
+    q: Sql,
     job: &Job,
     outcome: &JobOutcome,
 ) -> Result<bool, Fail> {
     let lease = |statement: &'static str| {
-        sqlx::query(statement)
+        q.query(statement)
             .bind(job.id)
             .bind(&job.lease_owner)
             .bind(job.lease_until_ms)
@@ -562,7 +580,7 @@ async fn finish_one(
             if done != 1 {
                 return Ok(false);
             }
-            match decide(conn, &[decision]).await?.pop() {
+            match decide(conn, q, &[decision]).await?.pop() {
                 Some(Ok(_)) => Ok(true),
                 Some(Err(e)) => Err(Fail::Store(e)),
                 None => Err(Fail::Store(StoreError::Corrupt(

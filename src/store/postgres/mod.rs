@@ -10,8 +10,16 @@
 //! writes waiting at a moment share one transaction, with one set-based statement per kind of
 //! write ([`batch`]). That transaction starts with `SET LOCAL statement_timeout` from the
 //! tightest remaining budget of its writes minus a guard, sent with BEGIN in one round trip, so
-//! the server gives up before any caller's budget does. Reads and claims are single statements
-//! under the session's `statement_timeout` (the background limit).
+//! the server gives up before any caller's budget does.
+//!
+//! Nothing relies on session state, so the store runs through a connection pooler in
+//! transaction mode (PgBouncer's `pool_mode = transaction`) as well as directly: no settings
+//! are sent at connect (PgBouncer refuses the startup parameter `options`), every call is a
+//! transaction of its own that starts with its `SET LOCAL statement_timeout` (the background
+//! limit for calls nobody waits on), the schema lock is a transaction-level advisory lock, and
+//! with `store.pooler = "transaction"` statements are sent unnamed and never kept prepared
+//! ([`Sql`]). The planner is left at its defaults: the statements and indexes are such that
+//! the keyed plan is the cheap one (docs/benchmarks.md shows the plans).
 
 mod batch;
 mod decision;
@@ -21,7 +29,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::error::DatabaseError;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+use sqlx::query::{Query, QueryScalar};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Row, Transaction};
 
 use super::bounded::{Call, Fail, migrate_error, open_error};
@@ -29,6 +38,7 @@ use super::{
     Begin, Claimed, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord,
     OrderStore, ParkedJob, StoreError, TimeLimit, schema, sql,
 };
+use crate::config::Pooler;
 use writer::Writer;
 
 /// One order with its parked job kinds.
@@ -37,13 +47,18 @@ const SELECT_ORDER: &str = sql::select_order_sql!("string_agg");
 /// The order of scope `$1` with idempotency key `$2`, with its parked job kinds.
 const SELECT_ORDER_BY_KEY: &str = sql::select_order_by_key_sql!("string_agg", "$1", "$2");
 
-/// Hands over up to `$2` orders whose takeover time has passed (`$1` now) as `drive_order`
-/// jobs due at that time, clearing the time so each is handed over once; orders another
-/// claimer (or a decision) has locked are skipped: they are handed over by the next claim, or
-/// need no takeover once decided.
+/// Hands over up to [`sql::TAKEOVER_BATCH`] orders whose takeover time has passed (`$1` now)
+/// as `drive_order` jobs due at that time, clearing the time so each is handed over once;
+/// orders another claimer (or a decision) has locked are skipped: they are handed over by the
+/// next claim, or need no takeover once decided.
+///
+/// The batch size is written into the text (a test checks it is the constant), not bound: a
+/// plan made without the parameters' values — a prepared statement's generic plan — takes an
+/// unknown `LIMIT` for a tenth of the table, and for that many rows joins the handed-over
+/// orders back by hashing a sequential scan of every order instead of one index probe each.
 const HAND_OVER_TAKEOVERS: &str = "WITH due AS (\
      SELECT order_id, takeover_at_ms FROM orders WHERE takeover_at_ms <= $1 \
-     ORDER BY takeover_at_ms LIMIT $2 FOR UPDATE SKIP LOCKED), \
+     ORDER BY takeover_at_ms LIMIT 500 FOR UPDATE SKIP LOCKED), \
      cleared AS (\
      UPDATE orders o SET takeover_at_ms = NULL FROM due WHERE o.order_id = due.order_id \
      RETURNING o.order_id, due.takeover_at_ms) \
@@ -61,22 +76,54 @@ const CLAIM_DUE: &str = "WITH due AS (\
      RETURNING jobs.id, jobs.order_id, jobs.kind, jobs.attempts, jobs.rejections, \
      jobs.failing_since_ms, due.run_at_ms AS due_at_ms";
 
-/// Settings of every session, besides its `statement_timeout`.
-///
-/// Every statement here finds a few rows by key: one order or job, or the orders and jobs of
-/// one write group, joined to their indexes. Each statement's plan is made once per
-/// connection and kept (one generic plan, not one per execution). Without statistics — and
-/// nothing here guarantees that the tables are analyzed — the planner may pick a plan that
-/// is right only while the tables are small or for bulk work (a sequential scan, a bitmap scan
-/// of every PENDING order, a hash join), and that plan would stay in use as the tables grow.
-/// So only keyed paths are allowed: index scans and nested loops.
-const SESSION: [(&str, &str); 5] = [
-    ("plan_cache_mode", "force_generic_plan"),
-    ("enable_seqscan", "off"),
-    ("enable_bitmapscan", "off"),
-    ("enable_hashjoin", "off"),
-    ("enable_mergejoin", "off"),
-];
+/// The key of the transaction-level advisory lock under which the schema is applied, so
+/// replicas starting together apply it once (sqlx's own lock is a session lock, which a
+/// transaction pooler may take on one server connection and release on another).
+const SCHEMA_LOCK: i64 = 0x6368_6563_6b6f_7574; // "checkout"
+
+/// How the store's statements are sent: prepared once per connection and kept (named), or —
+/// behind a transaction pooler, where the next transaction may run on another server
+/// connection that never saw the statement — unnamed, parsed with each execution. Unnamed
+/// statements are parsed and executed in two exchanges, which a transaction pooler keeps on one
+/// server connection only inside a transaction: so every statement here runs inside one.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sql {
+    /// Whether statements are prepared once and kept.
+    named: bool,
+}
+
+impl Sql {
+    /// How statements are sent behind `pooler`.
+    pub(super) fn for_pooler(pooler: Pooler) -> Self {
+        Self {
+            named: pooler.keeps_prepared_statements(),
+        }
+    }
+
+    /// `sql` as a query to bind arguments to.
+    pub(super) fn query(self, sql: &'static str) -> Query<'static, Postgres, PgArguments> {
+        sqlx::query(sql).persistent(self.named)
+    }
+
+    /// `sql` as a query planned with its arguments' values at every execution, never kept
+    /// prepared, whatever the pooler: for a statement whose right plan depends on them.
+    fn query_planned_each_time(self, sql: &'static str) -> Query<'static, Postgres, PgArguments> {
+        sqlx::query(sql).persistent(false)
+    }
+
+    /// `sql` as a query of one count.
+    fn count(self, sql: &'static str) -> QueryScalar<'static, Postgres, i64, PgArguments> {
+        sqlx::query_scalar(sql).persistent(self.named)
+    }
+
+    /// A statement of another module (a query built elsewhere) sent the same way.
+    pub(super) fn send(
+        self,
+        query: Query<'static, Postgres, PgArguments>,
+    ) -> Query<'static, Postgres, PgArguments> {
+        query.persistent(self.named)
+    }
+}
 
 /// A pooled connection idle longer than this is pinged before use; fresher ones are trusted
 /// (a dead one fails its call as Unavailable and is replaced).
@@ -91,6 +138,10 @@ pub struct PostgresStore {
     pool: PgPool,
     /// Bound on calls nobody waits on (worker, `get`, `stats`).
     background: Duration,
+    /// Kept back from each call's remaining time for its `statement_timeout`.
+    guard: Duration,
+    /// How statements are sent.
+    sql: Sql,
 }
 
 /// Statement timeout (57014, also a cancel), lock not available (55P03), idle-in-transaction
@@ -109,16 +160,23 @@ async fn begin_bounded(
         .saturating_sub(guard)
         .as_millis()
         .clamp(1, i32::MAX as u128);
-    // Only an integer is formatted into the statement; both go in one round trip.
-    conn.begin_with(AssertSqlSafe(format!(
-        "BEGIN; SET LOCAL statement_timeout = {ms}"
-    )))
-    .await
+    conn.begin_with(AssertSqlSafe(begin_sql(ms))).await
+}
+
+/// BEGIN and the transaction's statement timeout of `ms`, sent in one round trip. Only an
+/// integer is formatted into the statement.
+fn begin_sql(ms: u128) -> String {
+    format!("BEGIN; SET LOCAL statement_timeout = {ms}")
 }
 
 /// Reads one order with its parked job kinds.
-async fn load(conn: &mut PgConnection, order_id: &str) -> Result<Option<OrderRecord>, Fail> {
-    let row = sqlx::query(SELECT_ORDER)
+async fn load(
+    conn: &mut PgConnection,
+    q: Sql,
+    order_id: &str,
+) -> Result<Option<OrderRecord>, Fail> {
+    let row = q
+        .query(SELECT_ORDER)
         .bind(order_id)
         .fetch_optional(&mut *conn)
         .await?;
@@ -141,26 +199,73 @@ fn job_from_row(row: &PgRow, owner: &str, lease_until_ms: i64) -> Result<(i64, J
     Ok((row.try_get("due_at_ms")?, job))
 }
 
+/// What the store connects with: `url` with the application's name, and nothing sent as a
+/// startup parameter besides what the URL itself asks for (a pooler refuses `options`, and any
+/// setting there would be session state a transaction pooler does not keep).
+fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    Ok(url
+        .parse::<PgConnectOptions>()
+        .map_err(|e| StoreError::Unavailable(format!("invalid database url: {e}")))?
+        .application_name("checkout"))
+}
+
+/// Applies the schema in one transaction under a transaction-level advisory lock (replicas
+/// starting together wait for the first, then find its migrations applied). Each statement,
+/// the wait for the lock included, is bounded by `limit`, as before by the session's timeout
+/// (a migration may take several statements). Runs on a connection of its own, closed
+/// afterwards: sqlx's migrator prepares its statements, which are deallocated before the
+/// commit so no server connection keeps them.
+async fn migrate(options: &PgConnectOptions, limit: Duration) -> Result<(), StoreError> {
+    let mut conn = match tokio::time::timeout(limit, PgConnection::connect_with(options)).await {
+        Ok(conn) => conn.map_err(open_error)?,
+        Err(_) => {
+            return Err(StoreError::Unavailable(
+                "could not connect to the database in time".to_owned(),
+            ));
+        }
+    };
+    let applied = async {
+        let mut tx = begin_bounded(&mut conn, limit, Duration::ZERO)
+            .await
+            .map_err(open_error)?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(SCHEMA_LOCK)
+            .persistent(false)
+            .execute(&mut *tx)
+            .await
+            .map_err(open_error)?;
+        let mut migrator = schema::postgres();
+        migrator.set_locking(false);
+        migrator.run(&mut *tx).await.map_err(migrate_error)?;
+        sqlx::raw_sql("DEALLOCATE ALL")
+            .execute(&mut *tx)
+            .await
+            .map_err(open_error)?;
+        tx.commit().await.map_err(open_error)
+    }
+    .await;
+    // The connection's own cache still names the deallocated statements: it is not reused.
+    conn.close().await.ok();
+    applied
+}
+
 impl PostgresStore {
     /// Connects to `url` (`postgres://…`) and applies the schema (under an advisory lock, so
     /// replicas may start together).
     ///
-    /// `max_connections` sizes the pool; `statement_guard` is kept back from each request's
-    /// remaining time for `statement_timeout`; `background_timeout` bounds calls made outside
-    /// a request, connecting included, and is the session's `statement_timeout`.
+    /// `max_connections` sizes the pool; `statement_guard` is kept back from each call's
+    /// remaining time for its `statement_timeout`; `background_timeout` bounds calls made
+    /// outside a request, connecting and applying the schema included; `pooler` says what
+    /// stands between the store and the server.
     pub async fn open(
         url: &str,
         max_connections: u32,
         statement_guard: Duration,
         background_timeout: Duration,
+        pooler: Pooler,
     ) -> Result<Self, StoreError> {
-        let background_ms = background_timeout.as_millis().max(1).to_string();
-        let options = url
-            .parse::<PgConnectOptions>()
-            .map_err(|e| StoreError::Unavailable(format!("invalid database url: {e}")))?
-            .application_name("checkout")
-            .options(SESSION)
-            .options([("statement_timeout", background_ms.as_str())]);
+        let options = connect_options(url)?;
+        migrate(&options, background_timeout).await?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(background_timeout)
@@ -176,17 +281,29 @@ impl PostgresStore {
             .connect_with(options)
             .await
             .map_err(open_error)?;
-        schema::postgres().run(&pool).await.map_err(migrate_error)?;
-        tracing::info!(max_connections, "postgres store open");
+        let sql = Sql::for_pooler(pooler);
+        tracing::info!(max_connections, ?pooler, "postgres store open");
         Ok(Self {
-            writer: Writer::start(pool.clone(), statement_guard, is_timeout),
+            writer: Writer::start(pool.clone(), statement_guard, is_timeout, sql),
             pool,
             background: background_timeout,
+            guard: statement_guard,
+            sql,
         })
     }
 
     fn call(&self, limit: Duration) -> Call {
         Call::start(limit, is_timeout)
+    }
+
+    /// Begins the transaction of a background call: its statements are cancelled by the
+    /// server once what remains of the call's limit, less the guard, has passed.
+    async fn begin<'c>(
+        &self,
+        call: &Call,
+        conn: &'c mut PgConnection,
+    ) -> Result<Transaction<'c, Postgres>, sqlx::Error> {
+        begin_bounded(conn, call.remaining(), self.guard).await
     }
 }
 
@@ -224,7 +341,13 @@ impl OrderStore for PostgresStore {
     async fn get(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError> {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
-        call.run(load(&mut conn, order_id)).await
+        call.run(async {
+            let mut tx = self.begin(&call, &mut conn).await?;
+            let order = load(&mut tx, self.sql, order_id).await?;
+            tx.commit().await?;
+            Ok(order)
+        })
+        .await
     }
 
     async fn find(
@@ -235,11 +358,15 @@ impl OrderStore for PostgresStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
         call.run(async {
-            let row = sqlx::query(SELECT_ORDER_BY_KEY)
+            let mut tx = self.begin(&call, &mut conn).await?;
+            let row = self
+                .sql
+                .query(SELECT_ORDER_BY_KEY)
                 .bind(scope)
                 .bind(idempotency_key)
-                .fetch_optional(&mut *conn)
+                .fetch_optional(&mut *tx)
                 .await?;
+            tx.commit().await?;
             Ok(row.as_ref().map(sql::order_from_row).transpose()?)
         })
         .await
@@ -256,8 +383,10 @@ impl OrderStore for PostgresStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
         call.run(async {
-            let mut tx = conn.begin().await?;
-            let changed = sqlx::query(sql::ABANDON_ORDER)
+            let mut tx = self.begin(&call, &mut conn).await?;
+            let changed = self
+                .sql
+                .query(sql::ABANDON_ORDER)
                 .bind(order_id)
                 .bind(at_ms)
                 .bind(retry_after_ms)
@@ -268,7 +397,8 @@ impl OrderStore for PostgresStore {
                 .rows_affected();
             if changed == 1 {
                 for statement in [sql::ABANDON_JOBS, sql::ABANDON_COMPENSATIONS] {
-                    sqlx::query(statement)
+                    self.sql
+                        .query(statement)
                         .bind(order_id)
                         .bind(at_ms)
                         .execute(&mut *tx)
@@ -285,11 +415,15 @@ impl OrderStore for PostgresStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
         call.run(async {
-            let rows = sqlx::query(sql::LIST_PARKED)
+            let mut tx = self.begin(&call, &mut conn).await?;
+            let rows = self
+                .sql
+                .query(sql::LIST_PARKED)
                 .bind(after_id)
                 .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                .fetch_all(&mut *conn)
+                .fetch_all(&mut *tx)
                 .await?;
+            tx.commit().await?;
             Ok(rows
                 .iter()
                 .map(sql::parked_from_row)
@@ -307,14 +441,17 @@ impl OrderStore for PostgresStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
         call.run(async {
-            let mut tx = conn.begin().await?;
-            let requeued = sqlx::query(sql::RETRY_PARKED_JOBS)
+            let mut tx = self.begin(&call, &mut conn).await?;
+            let requeued = self
+                .sql
+                .query(sql::RETRY_PARKED_JOBS)
                 .bind(now_ms)
                 .bind(order_id)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
-            sqlx::query(sql::RETRY_PARKED_ORDERS)
+            self.sql
+                .query(sql::RETRY_PARKED_ORDERS)
                 .bind(now_ms)
                 .bind(order_id)
                 .bind(retry_after_ms)
@@ -339,18 +476,22 @@ impl OrderStore for PostgresStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
         call.run(async {
-            // Its own statement (autocommit): handed over, the jobs are claimed like any other.
-            sqlx::query(HAND_OVER_TAKEOVERS)
+            // One transaction: the takeovers handed over are claimed like any other job, and a
+            // failure anywhere leaves nothing handed over or leased (the next claim does it).
+            let mut tx = self.begin(&call, &mut conn).await?;
+            self.sql
+                .query(HAND_OVER_TAKEOVERS)
                 .bind(now_ms)
-                .bind(sql::TAKEOVER_BATCH)
-                .execute(&mut *conn)
+                .execute(&mut *tx)
                 .await?;
-            let rows = sqlx::query(CLAIM_DUE)
+            let rows = self
+                .sql
+                .query(CLAIM_DUE)
                 .bind(owner)
                 .bind(now_ms)
                 .bind(lease_until_ms)
                 .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                .fetch_all(&mut *conn)
+                .fetch_all(&mut *tx)
                 .await?;
             let mut claimed = rows
                 .iter()
@@ -358,10 +499,9 @@ impl OrderStore for PostgresStore {
                 .collect::<Result<Vec<_>, _>>()?;
             // RETURNING has no order: restore "oldest due first".
             claimed.sort_unstable_by_key(|(due_at_ms, job)| (*due_at_ms, job.id));
-            // Their orders in one more statement (autocommit: the claim above is committed
-            // already, so a failure here leaves the jobs leased until the lease runs out).
             let ids: Vec<&str> = claimed.iter().map(|(_, j)| j.order_id.as_str()).collect();
-            let orders = batch::load(&mut conn, &ids).await?;
+            let orders = batch::load(&mut tx, self.sql, &ids).await?;
+            tx.commit().await?;
             Ok(claimed
                 .into_iter()
                 .map(|(_, job)| {
@@ -381,17 +521,25 @@ impl OrderStore for PostgresStore {
     async fn purge_terminal(&self, before_ms: i64) -> Result<u64, StoreError> {
         let mut purged = 0;
         loop {
-            // One statement (one transaction) per batch keeps each delete short.
+            // One transaction per batch keeps each delete short.
             let call = self.call(self.background);
             let mut conn = call.connection(&self.pool).await?;
             let batch = call
                 .run(async {
-                    Ok(sqlx::query(sql::PURGE_BATCH)
+                    let mut tx = self.begin(&call, &mut conn).await?;
+                    // Planned with its cutoff: a generic plan takes a third of the terminal
+                    // orders to be past any cutoff, and would walk the orders in key order
+                    // until a batch is found, reading them all when none is due.
+                    let deleted = self
+                        .sql
+                        .query_planned_each_time(sql::PURGE_BATCH)
                         .bind(before_ms)
                         .bind(sql::PURGE_BATCH_SIZE)
-                        .execute(&mut *conn)
+                        .execute(&mut *tx)
                         .await?
-                        .rows_affected())
+                        .rows_affected();
+                    tx.commit().await?;
+                    Ok(deleted)
                 })
                 .await?;
             purged += batch;
@@ -405,10 +553,13 @@ impl OrderStore for PostgresStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
         call.run(async {
-            sqlx::query(sql::PROBE)
+            let mut tx = self.begin(&call, &mut conn).await?;
+            self.sql
+                .query(sql::PROBE)
                 .bind(now_ms)
-                .execute(&mut *conn)
+                .execute(&mut *tx)
                 .await?;
+            tx.commit().await?;
             Ok(())
         })
         .await
@@ -418,7 +569,9 @@ impl OrderStore for PostgresStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
         call.run(async {
-            let row = sqlx::query(sql::STATS).fetch_one(&mut *conn).await?;
+            let mut tx = self.begin(&call, &mut conn).await?;
+            let row = self.sql.query(sql::STATS).fetch_one(&mut *tx).await?;
+            tx.commit().await?;
             Ok(sql::stats_from_row(&row)?)
         })
         .await
@@ -428,9 +581,13 @@ impl OrderStore for PostgresStore {
         let call = self.call(self.background);
         let mut conn = call.connection(&self.pool).await?;
         call.run(async {
-            let done: i64 = sqlx::query_scalar(sql::COUNT_DONE_JOBS)
-                .fetch_one(&mut *conn)
+            let mut tx = self.begin(&call, &mut conn).await?;
+            let done: i64 = self
+                .sql
+                .count(sql::COUNT_DONE_JOBS)
+                .fetch_one(&mut *tx)
                 .await?;
+            tx.commit().await?;
             Ok(sql::non_negative(done, "done jobs")?)
         })
         .await
@@ -439,5 +596,35 @@ impl OrderStore for PostgresStore {
     async fn close(&self) {
         self.writer.close().await;
         self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// PgBouncer refuses the startup parameter `options` ("unsupported startup parameter"),
+    /// and anything set there would be session state a transaction pooler does not keep.
+    #[test]
+    fn connecting_sends_no_startup_options() {
+        let options =
+            connect_options("postgres://checkout@db.internal:6432/checkout").expect("a valid URL");
+        assert_eq!(options.get_options(), None);
+        assert_eq!(options.get_application_name(), Some("checkout"));
+    }
+
+    /// The statement timeout is the transaction's own (`SET LOCAL`), sent with its BEGIN.
+    #[test]
+    fn the_statement_timeout_is_set_per_transaction() {
+        assert_eq!(begin_sql(5), "BEGIN; SET LOCAL statement_timeout = 5");
+    }
+
+    /// The takeover batch written into [`HAND_OVER_TAKEOVERS`] is the constant.
+    #[test]
+    fn the_takeover_batch_in_the_statement_is_the_constant() {
+        assert!(
+            HAND_OVER_TAKEOVERS.contains(&format!("LIMIT {} ", sql::TAKEOVER_BATCH)),
+            "{HAND_OVER_TAKEOVERS}"
+        );
     }
 }

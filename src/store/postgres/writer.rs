@@ -29,7 +29,7 @@ use super::super::bounded::{Fail, classify};
 use super::super::group::{EXPIRED, QUEUE_CAPACITY, closed, submit};
 use super::super::{Begin, Decision, Job, JobOutcome, Money, NewOrder, OrderRecord, StoreError};
 use super::batch::{self, Op, Pending};
-use super::begin_bounded;
+use super::{Sql, begin_bounded};
 
 /// Most writes in one group: bounds how long the first of them waits for the commit.
 const MAX_GROUP: usize = 256;
@@ -57,6 +57,8 @@ struct Lanes {
     guard: Duration,
     /// Recognises the errors that mean the server ran out of time.
     is_timeout: fn(&dyn DatabaseError) -> bool,
+    /// How statements are sent.
+    sql: Sql,
     /// The queue's receiving end, taken in turn by the lanes.
     rx: tokio::sync::Mutex<mpsc::Receiver<Pending>>,
     stop: CancellationToken,
@@ -68,6 +70,7 @@ impl Writer {
         pool: PgPool,
         guard: Duration,
         is_timeout: fn(&dyn DatabaseError) -> bool,
+        sql: Sql,
     ) -> Self {
         let (queue, rx) = mpsc::channel(QUEUE_CAPACITY);
         let stop = CancellationToken::new();
@@ -75,6 +78,7 @@ impl Writer {
             pool,
             guard,
             is_timeout,
+            sql,
             rx: tokio::sync::Mutex::new(rx),
             stop: stop.clone(),
         });
@@ -239,7 +243,21 @@ async fn commit_group(lanes: &Lanes, mut group: Vec<Pending>) {
                 return;
             }
         };
-        let remaining = tightest.saturating_sub(now.elapsed());
+        // Waiting for the connection took time: a write whose caller has stopped waiting
+        // meanwhile is not sent (with the guard's worth of time or less, its statement could
+        // still finish once whatever held it up — a lock — is gone, after its caller was told
+        // Timeout).
+        let now = Instant::now();
+        let (live, late): (Vec<_>, Vec<_>) = group
+            .into_iter()
+            .partition(|w| w.ticket.deadline() > now + lanes.guard);
+        group = live;
+        for write in late {
+            write.op.refuse(&EXPIRED);
+        }
+        let Some(remaining) = group.iter().map(|w| w.ticket.deadline() - now).min() else {
+            return;
+        };
         let mut tx = match begin_bounded(&mut conn, remaining, lanes.guard).await {
             Ok(tx) => tx,
             Err(e) => {
@@ -251,14 +269,30 @@ async fn commit_group(lanes: &Lanes, mut group: Vec<Pending>) {
             }
         };
         let failed = if together {
-            batch::run(&mut tx, &mut group)
+            batch::run(&mut tx, lanes.sql, &mut group)
                 .await
                 .err()
                 .map(|fail| (None, fail))
         } else {
-            one_at_a_time(&mut tx, &mut group).await
+            one_at_a_time(&mut tx, lanes.sql, &mut group).await
         };
         let Some((culprit, fail)) = failed else {
+            // A caller whose time ran out meanwhile has been told Timeout; its write could
+            // still be here because the server's timeout counts from when each statement
+            // arrived, and on a busy machine a statement can arrive late. It is not committed:
+            // the group is rolled back and the others run again without it (the loop drops
+            // every write past its deadline), so "Timeout" means nothing was applied unless
+            // the COMMIT itself was already on its way.
+            if group.iter().any(|w| w.ticket.deadline() <= Instant::now()) {
+                if let Err(e) = tx.rollback().await {
+                    let error = classify(e, tightest, lanes.is_timeout);
+                    for write in group {
+                        write.op.refuse(&error);
+                    }
+                    return;
+                }
+                continue;
+            }
             let committed = tx
                 .commit()
                 .await
@@ -294,6 +328,7 @@ async fn commit_group(lanes: &Lanes, mut group: Vec<Pending>) {
 /// index. Writes whose caller has given up meanwhile are answered and dropped (not applied).
 async fn one_at_a_time(
     tx: &mut Transaction<'_, Postgres>,
+    sql: Sql,
     group: &mut Vec<Pending>,
 ) -> Option<(Option<usize>, Fail)> {
     let mut i = 0;
@@ -303,7 +338,7 @@ async fn one_at_a_time(
             continue;
         }
         let conn: &mut PgConnection = tx;
-        if let Err(fail) = batch::run(conn, &mut group[i..=i]).await {
+        if let Err(fail) = batch::run(conn, sql, &mut group[i..=i]).await {
             return Some((Some(i), fail));
         }
         i += 1;
