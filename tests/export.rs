@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use checkout::proto::checkout::v1 as pb;
-use checkout_telemetry::{Batching, Export, LogFormat, MetricsPush, metrics};
+use checkout_telemetry::{Batching, Export, LogFormat, LogWriter, MetricsPush, metrics};
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
 };
@@ -41,7 +41,13 @@ async fn a_collector_that_never_answers_costs_spans_not_orders() {
             timeout: Duration::from_secs(30),
         },
     };
-    let _telemetry = checkout_telemetry::init_with("checkout", LogFormat::Text, Some(export), None);
+    let _telemetry = checkout_telemetry::init_with(
+        "checkout",
+        LogFormat::Text,
+        LogWriter::Test,
+        Some(export),
+        None,
+    );
     let before = dropped();
     let h = common::start().await;
     let mut slowest = Duration::ZERO;
@@ -153,7 +159,13 @@ async fn metrics_are_pushed_over_otlp_and_a_missing_collector_is_only_counted() 
         interval: Duration::from_millis(100),
         timeout: Duration::from_secs(2),
     };
-    let telemetry = checkout_telemetry::init_with("checkout", LogFormat::Text, None, Some(push));
+    let telemetry = checkout_telemetry::init_with(
+        "checkout",
+        LogFormat::Text,
+        LogWriter::Test,
+        None,
+        Some(push),
+    );
     let h = common::start().await;
     let confirmed_now = || {
         common::http::sample(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use checkout::proto::checkout::v1 as pb;
 use checkout::proto::stub::v1::Fault;
-use checkout_telemetry::{Batching, Export, LogFormat};
+use checkout_telemetry::{Batching, Export, LogFormat, LogWriter};
 use common::otlp::{Collected, Collector, KIND_CLIENT, KIND_SERVER};
 
 /// How long a test waits for spans to arrive (they are batched every 100 ms).
@@ -40,6 +40,7 @@ fn collector() -> Collector {
                     let _telemetry = checkout_telemetry::init_with(
                         "checkout",
                         LogFormat::Text,
+                        LogWriter::Test,
                         Some(export),
                         None,
                     );

@@ -1,16 +1,17 @@
 //! The request path's own spans: one per step (`cart`, `fraud`, ..., the parent of its
 //! attempts) and one per store write (`store begin`, `store hold_intent`, `store decide`),
-//! each timed into its metric. Built on [`checkout_telemetry::trace`]; nothing is built when
-//! spans are off or the trace is not sampled.
+//! each timed into its metric. They are `tracing` spans built on [`checkout_telemetry::trace`];
+//! none is built when spans are off or the trace is not sampled.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use checkout_telemetry::metrics;
-use checkout_telemetry::trace::{millis, tracer_for_child};
-use opentelemetry::context::FutureExt as _;
-use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer as _};
-use opentelemetry::{Context, KeyValue};
+use checkout_telemetry::trace::{TARGET, child_spans, millis, recording};
+use opentelemetry::KeyValue;
+use tracing::Instrument as _;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::budget::{ChildBudget, Step, StepOutcome};
 use crate::downstream::{AttemptKind, cancel_reason};
@@ -21,72 +22,68 @@ pub struct StepSpan {
     step: Step,
     allotted: Duration,
     began: Instant,
-    /// The step span's context; `None` when spans are off.
-    cx: Option<Context>,
+    /// The step's span; disabled when spans are off or the trace is not sampled.
+    span: tracing::Span,
 }
 
 impl StepSpan {
     /// Starts the span of `step`, allotted `budget` with `remaining` of the caller's deadline left.
     pub fn start(budget: &ChildBudget, remaining: Duration) -> Self {
         let step = budget.step();
-        let cx = tracer_for_child().map(|tracer| {
-            let parent = Context::current();
-            let span = tracer
-                .span_builder(step.name())
-                .with_kind(SpanKind::Internal)
-                .with_attributes([
-                    KeyValue::new("checkout.step", step.name()),
-                    KeyValue::new("checkout.budget.allotted_ms", millis(budget.timeout())),
-                    KeyValue::new("checkout.budget.remaining_ms", millis(remaining)),
-                ])
-                .start_with_context(tracer, &parent);
-            parent.with_span(span)
-        });
+        let span = if child_spans() {
+            tracing::info_span!(
+                target: TARGET,
+                "step",
+                otel.name = step.name(),
+                "checkout.step" = step.name(),
+                "checkout.budget.allotted_ms" = millis(budget.timeout()),
+                "checkout.budget.remaining_ms" = millis(remaining),
+                "checkout.outcome" = Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
         Self {
             step,
             allotted: budget.timeout(),
             began: Instant::now(),
-            cx,
+            span,
         }
     }
 
     /// Runs `call` (the step's downstream attempts) inside this span.
     pub fn run<F: Future>(&self, call: F) -> impl Future<Output = F::Output> {
-        let cx = self.cx.clone().unwrap_or_else(Context::current);
-        call.with_context(cx)
+        call.instrument(self.span.clone())
     }
 
     /// Ends the step with `outcome`; a cancelled step carries a `cancelled` event with its
     /// reason.
     pub fn end(self, outcome: StepOutcome) {
         metrics::step_ended(self.step.name(), self.allotted, self.began.elapsed());
-        let Some(cx) = self.cx else { return };
-        let span = cx.span();
-        if span.is_recording() {
-            span.set_attribute(KeyValue::new("checkout.outcome", outcome.as_str()));
+        if recording(&self.span) {
+            self.span.record("checkout.outcome", outcome.as_str());
             if outcome == StepOutcome::Cancelled {
                 let reason = cancel_reason();
-                span.add_event("cancelled", vec![KeyValue::new("reason", reason)]);
+                self.span
+                    .add_event("cancelled", vec![KeyValue::new("reason", reason)]);
             }
         }
-        span.end();
     }
 
     /// A step not sent: too little budget was left. Visible as a zero-length span and counted.
     pub fn not_sent(step: Step, remaining: Duration) {
         metrics::step_call(step.name(), "not_sent", AttemptKind::current().as_str());
-        if let Some(tracer) = tracer_for_child() {
-            let mut span = tracer
-                .span_builder(step.name())
-                .with_kind(SpanKind::Internal)
-                .with_attributes([
-                    KeyValue::new("checkout.step", step.name()),
-                    KeyValue::new("checkout.outcome", StepOutcome::NotSent.as_str()),
-                    KeyValue::new("checkout.budget.allotted_ms", 0i64),
-                    KeyValue::new("checkout.budget.remaining_ms", millis(remaining)),
-                ])
-                .start_with_context(tracer, &Context::current());
-            opentelemetry::trace::Span::end(&mut span);
+        if child_spans() {
+            // Ends as it is dropped, here.
+            tracing::info_span!(
+                target: TARGET,
+                "step",
+                otel.name = step.name(),
+                "checkout.step" = step.name(),
+                "checkout.outcome" = StepOutcome::NotSent.as_str(),
+                "checkout.budget.allotted_ms" = 0i64,
+                "checkout.budget.remaining_ms" = millis(remaining),
+            );
         }
     }
 }
@@ -94,26 +91,22 @@ impl StepSpan {
 /// Runs a request-path store write of `kind` in its own span, timing it.
 pub async fn store_write<F: Future>(kind: &'static str, write: F) -> F::Output {
     let started = Instant::now();
-    let output = match tracer_for_child() {
-        Some(tracer) => {
-            let parent = Context::current();
-            let name = match kind {
-                "begin" => "store begin",
-                "hold_intent" => "store hold_intent",
-                "decide" => "store decide",
-                _ => "store write",
-            };
-            let span = tracer
-                .span_builder(name)
-                .with_kind(SpanKind::Internal)
-                .with_attributes([KeyValue::new("checkout.store.write", kind)])
-                .start_with_context(tracer, &parent);
-            let cx = parent.with_span(span);
-            let output = write.with_context(cx.clone()).await;
-            cx.span().end();
-            output
-        }
-        None => write.await,
+    let output = if child_spans() {
+        let name = match kind {
+            "begin" => "store begin",
+            "hold_intent" => "store hold_intent",
+            "decide" => "store decide",
+            _ => "store write",
+        };
+        let span = tracing::info_span!(
+            target: TARGET,
+            "store",
+            otel.name = name,
+            "checkout.store.write" = kind,
+        );
+        write.instrument(span).await
+    } else {
+        write.await
     };
     metrics::store_write(kind, started.elapsed());
     output

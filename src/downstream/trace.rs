@@ -1,17 +1,20 @@
-//! The span and metrics of every downstream attempt: a client span per call (its context
-//! injected as `traceparent`, or the caller's passed through when spans are off), how it ended,
-//! and why the orchestrator cancelled it when it did. Built on [`checkout_telemetry::trace`].
+//! The span and metrics of every downstream attempt: a client span per call (a `tracing` span,
+//! its context injected as `traceparent`, or the caller's passed through when spans are off),
+//! how it ended, and why the orchestrator cancelled it when it did. Built on
+//! [`checkout_telemetry::trace`].
 
 use std::future::Future;
 use std::time::Instant;
 
-use checkout_telemetry::trace::{millis, tracer_for_child};
+use checkout_telemetry::trace::{TARGET, child_spans, millis, recording};
 use checkout_telemetry::{code_name, metrics, propagation};
 use opentelemetry::context::FutureExt as _;
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::trace::Status;
 use opentelemetry::{Context, KeyValue};
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::{CallClass, CallError};
 use crate::budget::{ChildBudget, Step};
@@ -81,8 +84,9 @@ pub struct AttemptSpan {
     step: &'static str,
     kind: AttemptKind,
     started: Instant,
-    /// The client span's context; `None` when spans are off.
-    cx: Option<Context>,
+    /// The client span; disabled when spans are off or the trace is not sampled. It ends when
+    /// this is dropped.
+    span: tracing::Span,
     /// Set by [`AttemptSpan::end`].
     ended: bool,
 }
@@ -101,35 +105,33 @@ impl AttemptSpan {
     /// `metadata` (the caller's context passes through when spans are off).
     pub fn start(method: &'static str, budget: &ChildBudget, metadata: &mut MetadataMap) -> Self {
         let kind = AttemptKind::current();
-        let cx = match tracer_for_child() {
-            Some(tracer) => {
-                let parent = Context::current();
-                let span = tracer
-                    .span_builder(method)
-                    .with_kind(SpanKind::Client)
-                    .with_attributes([
-                        KeyValue::new("rpc.system.name", "grpc"),
-                        KeyValue::new("rpc.method", method),
-                        KeyValue::new("checkout.step", budget.step().name()),
-                        KeyValue::new("checkout.attempt_kind", kind.as_str()),
-                        KeyValue::new("checkout.budget.allotted_ms", millis(budget.timeout())),
-                    ])
-                    .start_with_context(tracer, &parent);
-                let cx = parent.with_span(span);
-                propagation::inject(&cx, metadata);
-                Some(cx)
-            }
-            None => {
-                Context::map_current(|cx| propagation::inject(cx, metadata));
-                None
-            }
+        let span = if child_spans() {
+            let span = tracing::info_span!(
+                target: TARGET,
+                "attempt",
+                otel.name = method,
+                otel.kind = "client",
+                "rpc.system.name" = "grpc",
+                "rpc.method" = method,
+                "checkout.step" = budget.step().name(),
+                "checkout.attempt_kind" = kind.as_str(),
+                "checkout.budget.allotted_ms" = millis(budget.timeout()),
+                "rpc.status_code" = Empty,
+                "checkout.outcome" = Empty,
+                "error.type" = Empty,
+            );
+            propagation::inject(&span.context(), metadata);
+            span
+        } else {
+            Context::map_current(|cx| propagation::inject(cx, metadata));
+            tracing::Span::none()
         };
         Self {
             method,
             step: budget.step().name(),
             kind,
             started: Instant::now(),
-            cx,
+            span,
             ended: false,
         }
     }
@@ -157,24 +159,20 @@ impl AttemptSpan {
         if let Some(reason) = cancelled {
             metrics::call_cancelled(self.step, reason);
         }
-        let Some(cx) = self.cx.take() else { return };
-        let span = cx.span();
-        if span.is_recording() {
-            span.set_attributes([
-                KeyValue::new("rpc.status_code", status),
-                KeyValue::new("checkout.outcome", outcome),
-            ]);
+        let span = &self.span;
+        if recording(span) {
+            span.record("rpc.status_code", status);
+            span.record("checkout.outcome", outcome);
             if let Some(reason) = cancelled {
                 span.add_event("cancelled", vec![KeyValue::new("reason", reason)]);
             }
             if let Err(error) = result {
-                span.set_attribute(KeyValue::new("error.type", status));
+                span.record("error.type", status);
                 if error.class() != CallClass::Rejected {
                     span.set_status(Status::error(error.to_string()));
                 }
             }
         }
-        span.end();
     }
 }
 

@@ -20,8 +20,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use opentelemetry::context::FutureExt as _;
-use opentelemetry::trace::TraceContextExt as _;
 use tokio::sync::Semaphore;
 // Tokio's clock (the same instant outside tests): the shedding hold, the purge schedule and the
 // claim backoff's log interval run on time a test can pause.
@@ -298,24 +296,20 @@ impl Worker {
             deadline: Deadline::after(policy.attempt_timeout),
             stop,
         };
-        let trace = trace::job_context(
+        let trace = trace::JobTrace::start(
             job.kind.as_str(),
             job.attempts,
             &job.order_id,
             order.order.traceparent.as_deref(),
         );
-        let trace_id = trace.span().span_context().trace_id();
-        if trace.span().span_context().is_valid() {
+        if let Some(trace_id) = trace.trace_id() {
             tracing::Span::current().record("trace_id", tracing::field::display(trace_id));
         }
-        let handled = attempt
-            .run(job.kind, &order)
-            .with_context(trace.clone())
-            .await;
+        let handled = trace.run(attempt.run(job.kind, &order)).await;
         match &handled {
-            Ok(Handled::Done(_)) => trace::job_ended(&trace, "done", None),
-            Ok(Handled::Wait { .. }) => trace::job_ended(&trace, "wait", None),
-            Err(error) => trace::job_ended(&trace, error.kind(), Some(&error.to_string())),
+            Ok(Handled::Done(_)) => trace.end("done", None),
+            Ok(Handled::Wait { .. }) => trace.end("wait", None),
+            Err(error) => trace.end(error.kind(), Some(&error.to_string())),
         }
         let now = now_ms();
         let outcome = match handled {

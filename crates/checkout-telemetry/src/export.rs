@@ -1,20 +1,26 @@
-//! Span export that never holds up an order: finished spans go into a bounded queue
-//! (`OTEL_BSP_MAX_QUEUE_SIZE`) with a non-blocking send, and one task reads the queue every
-//! 25 ms and ships it in batches (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`; a partial batch once its
-//! first span has waited `OTEL_BSP_SCHEDULE_DELAY`; each export bounded by
-//! `OTEL_BSP_EXPORT_TIMEOUT`; up to four exports in flight). A full queue drops the span and counts it in
-//! `checkout_telemetry_spans_dropped_total` (as are the spans of a failed export): a collector that is down or slow costs spans,
-//! never latency. (The SDK's own batch processor drops too, but does not expose the count.)
+//! Span export that never holds up an order: the SDK's `BatchSpanProcessor` ships finished
+//! spans from a bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`) in batches
+//! (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`; a partial batch every `OTEL_BSP_SCHEDULE_DELAY`) on a
+//! thread of its own, one export at a time, each bounded by the exporter's timeout. A full
+//! queue drops the span and counts it in `checkout_telemetry_spans_dropped_total` (as are the
+//! spans of a failed export): a collector that is down or slow costs spans, never latency.
+//!
+//! The count needs the one wrapper here, because the SDK's processor counts its drops in a
+//! private field and only logs the total at shutdown: [`Counted`] keeps its own count of the
+//! spans in the SDK's queue (one more on each hand-off, fewer by a batch when the exporter
+//! takes it) and drops — and counts — a span itself when the queue is full, before the SDK
+//! would. Its count is never below the SDK's queue length, so the SDK never drops silently.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use opentelemetry::Context;
+use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SpanData, SpanExporter, SpanProcessor};
-use tokio::sync::{Semaphore, mpsc};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Span, SpanData, SpanExporter, SpanProcessor,
+};
 
 use crate::metrics;
 
@@ -25,9 +31,11 @@ pub struct Batching {
     pub queue: usize,
     /// Spans per export, at most (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, 512).
     pub batch: usize,
-    /// The longest a span waits for its batch to fill (`OTEL_BSP_SCHEDULE_DELAY`, 5000 ms).
+    /// How often a partial batch is shipped (`OTEL_BSP_SCHEDULE_DELAY`, 5000 ms).
     pub delay: Duration,
-    /// The longest one export may take (`OTEL_BSP_EXPORT_TIMEOUT`, 30000 ms).
+    /// The longest one export may take: the OTLP exporter's timeout (`OTEL_BSP_EXPORT_TIMEOUT`,
+    /// else `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT`, else
+    /// 10000 ms, the exporter's default). The SDK's processor does not bound an export itself.
     pub timeout: Duration,
 }
 
@@ -37,13 +45,13 @@ impl Default for Batching {
             queue: 2048,
             batch: 512,
             delay: Duration::from_millis(5000),
-            timeout: Duration::from_millis(30_000),
+            timeout: Duration::from_millis(10_000),
         }
     }
 }
 
 impl Batching {
-    /// The defaults, overridden by any `OTEL_BSP_*` variable that is set and parses.
+    /// The defaults, overridden by any of the variables above that is set and parses.
     pub fn from_env() -> Self {
         let var = |name: &str| {
             std::env::var(name)
@@ -52,151 +60,104 @@ impl Batching {
         };
         let d = Self::default();
         let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX).max(1);
+        let timeout = var("OTEL_BSP_EXPORT_TIMEOUT")
+            .or_else(|| var("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"))
+            .or_else(|| var("OTEL_EXPORTER_OTLP_TIMEOUT"));
         Self {
             queue: var("OTEL_BSP_MAX_QUEUE_SIZE").map_or(d.queue, count),
             batch: var("OTEL_BSP_MAX_EXPORT_BATCH_SIZE").map_or(d.batch, count),
             delay: var("OTEL_BSP_SCHEDULE_DELAY").map_or(d.delay, Duration::from_millis),
-            timeout: var("OTEL_BSP_EXPORT_TIMEOUT").map_or(d.timeout, Duration::from_millis),
+            timeout: timeout.map_or(d.timeout, Duration::from_millis),
         }
     }
 }
 
-/// The span processor: a non-blocking hand-off to [`Shipper`]'s bounded queue.
-#[derive(Debug)]
-pub struct QueueProcessor {
-    queue: mpsc::Sender<SpanData>,
+/// The SDK's batch processor in front of `exporter`, with its drops counted.
+pub(crate) fn processor<E: SpanExporter + 'static>(exporter: E, batching: Batching) -> Counted {
+    let queue = batching.queue.max(1);
+    let queued = Arc::new(AtomicUsize::new(0));
+    let config = BatchConfigBuilder::default()
+        .with_max_queue_size(queue)
+        .with_max_export_batch_size(batching.batch.clamp(1, queue))
+        .with_scheduled_delay(batching.delay)
+        .build();
+    let exporter = Taken {
+        inner: exporter,
+        queued: Arc::clone(&queued),
+    };
+    Counted {
+        inner: BatchSpanProcessor::new(exporter, config),
+        queued,
+        queue,
+    }
 }
 
-impl SpanProcessor for QueueProcessor {
-    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &Context) {}
+/// The SDK's batch processor, behind the count of what is in its queue.
+#[derive(Debug)]
+pub(crate) struct Counted {
+    inner: BatchSpanProcessor,
+    /// Spans handed to `inner` and not yet taken by the exporter.
+    queued: Arc<AtomicUsize>,
+    /// The SDK's queue size.
+    queue: usize,
+}
+
+impl SpanProcessor for Counted {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
 
     fn on_end(&self, span: SpanData) {
-        if self.queue.try_send(span).is_err() {
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.queue {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
             metrics::spans_dropped(1);
+            return;
         }
+        self.inner.on_end(span);
     }
 
     fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
+        self.inner.force_flush()
     }
 
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
     }
 }
 
-/// The task that ships queued spans; [`Shipper::stop`] sends what is left and ends it.
+/// The exporter, telling [`Counted`] when a batch has left the queue and counting the spans of
+/// a failed export.
 #[derive(Debug)]
-pub struct Shipper {
-    stop: CancellationToken,
-    task: JoinHandle<()>,
+struct Taken<E> {
+    inner: E,
+    queued: Arc<AtomicUsize>,
 }
 
-impl Shipper {
-    /// Starts shipping to `exporter`; spans enter through the returned processor.
-    pub fn start<E: SpanExporter + 'static>(
-        exporter: E,
-        batching: Batching,
-    ) -> (QueueProcessor, Shipper) {
-        let (tx, rx) = mpsc::channel(batching.queue.max(1));
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(ship(exporter, rx, batching, stop.clone()));
-        (QueueProcessor { queue: tx }, Shipper { stop, task })
-    }
-
-    /// Ships the spans still queued (within `within`) and stops.
-    pub async fn stop(self, within: Duration) {
-        self.stop.cancel();
-        if tokio::time::timeout(within, self.task).await.is_err() {
-            eprintln!("telemetry: spans still queued after {within:?}; not exported");
-        }
-    }
-}
-
-/// Exports in flight at once, at most: a slow export does not stop the next batch.
-const EXPORTS_IN_FLIGHT: usize = 4;
-
-/// How often the queue is read: full batches leave within this, partial ones after the
-/// schedule delay (give or take this).
-const TICK: Duration = Duration::from_millis(25);
-
-async fn ship<E: SpanExporter + 'static>(
-    exporter: E,
-    mut queue: mpsc::Receiver<SpanData>,
-    batching: Batching,
-    stop: CancellationToken,
-) {
-    let exporter = Arc::new(exporter);
-    let in_flight = Arc::new(Semaphore::new(EXPORTS_IN_FLIGHT));
-    let mut batch = Vec::with_capacity(batching.batch);
-    // When the batch being filled took its first span.
-    let mut first_at: Option<tokio::time::Instant> = None;
-    // The queue is read on a tick, never awaited span by span: a finished span costs its
-    // sender an atomic push, with no task to wake.
-    let mut tick = tokio::time::interval(TICK.min(batching.delay));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = stop.cancelled() => break,
-        }
-        loop {
-            while batch.len() < batching.batch {
-                match queue.try_recv() {
-                    Ok(span) => {
-                        first_at.get_or_insert_with(tokio::time::Instant::now);
-                        batch.push(span);
-                    }
-                    Err(_) => break,
-                }
-            }
-            let full = batch.len() >= batching.batch;
-            let due = first_at.is_some_and(|at| at.elapsed() >= batching.delay);
-            if !full && !due {
-                break;
-            }
-            // Waits only when EXPORTS_IN_FLIGHT exports are out; meanwhile the queue fills
-            // (and drops, counted) rather than anything waiting on it.
-            let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
-                break;
-            };
-            let mut spans = std::mem::replace(&mut batch, Vec::with_capacity(batching.batch));
-            first_at = None;
-            let exporter = Arc::clone(&exporter);
-            tokio::spawn(async move {
-                export(exporter.as_ref(), &mut spans, batching.timeout).await;
-                drop(permit);
-            });
-        }
-    }
-    // Let the exports in flight finish (each bounded by the export timeout).
-    let _ = in_flight.acquire_many(EXPORTS_IN_FLIGHT as u32).await;
-    // Stopping: what is already queued still goes out.
-    while let Ok(span) = queue.try_recv() {
-        batch.push(span);
-        if batch.len() >= batching.batch {
-            export(exporter.as_ref(), &mut batch, batching.timeout).await;
-        }
-    }
-    export(exporter.as_ref(), &mut batch, batching.timeout).await;
-    let _ = exporter.shutdown();
-}
-
-async fn export<E: SpanExporter>(exporter: &E, batch: &mut Vec<SpanData>, timeout: Duration) {
-    if batch.is_empty() {
-        return;
-    }
-    let spans = std::mem::take(batch);
-    let count = spans.len();
-    match tokio::time::timeout(timeout, exporter.export(spans)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => {
+impl<E: SpanExporter> SpanExporter for Taken<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let count = batch.len();
+        self.queued.fetch_sub(count, Ordering::AcqRel);
+        let result = self.inner.export(batch).await;
+        if let Err(error) = &result {
             metrics::spans_dropped(count as u64);
             tracing::debug!(%error, spans = count, "span export failed; spans lost");
         }
-        Err(_) => {
-            metrics::spans_dropped(count as u64);
-            tracing::debug!(?timeout, spans = count, "span export timed out; spans lost");
-        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
     }
 }

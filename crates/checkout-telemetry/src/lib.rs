@@ -1,12 +1,14 @@
 //! Logs, traces and metrics of every checkout process (the orchestrator and the stubs). It
 //! depends on nothing of the service: the request path's own spans (steps, attempts, store
-//! writes, jobs) are built by the service's modules on top of [`trace`].
+//! writes, jobs) are `tracing` spans built by the service's modules on top of [`trace`].
 //!
 //! - Logs: `tracing` events on stderr (filtered by `RUST_LOG`), text or JSON ([`LogFormat`]);
 //!   a line inside a request or job carries `trace_id` and `order_id`.
 //! - Traces: W3C trace context (`traceparent`, `tracestate`) is read from every inbound call
 //!   before its server span exists and written on every downstream call, so one order is one
-//!   trace across the orchestrator and the four services. Spans are exported over OTLP/gRPC
+//!   trace across the orchestrator and the four services. Spans are `tracing` spans of target
+//!   [`trace::TARGET`], made OpenTelemetry spans by the tracing-opentelemetry layer, which is
+//!   put in only when spans are exported: over OTLP/gRPC, through the SDK's batch processor,
 //!   when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the
 //!   standard `OTEL_*` variables apply (`OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`,
 //!   `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_*`, `OTEL_EXPORTER_OTLP_TIMEOUT`).
@@ -18,9 +20,11 @@
 //! - `logs`: the log line formats.
 //! - `propagation`: trace context in and out of metadata.
 //! - `server`: the layer that makes every inbound RPC a server span and a timed call.
-//! - [`trace`]: the tracer, the current trace context, and what spans built on it share.
+//! - [`trace`]: the spans' target, the current trace context, and what spans share.
+//! - `spans`: the slot of the tracing-opentelemetry layer and the filters that keep exported
+//!   spans and log lines apart.
 //! - [`stall`]: a watch that tells a stalled runtime from a starved process.
-//! - `export`: the bounded, non-blocking span queue in front of the OTLP exporter.
+//! - `export`: the SDK's batch span processor, with its dropped spans counted.
 //! - `push`: the periodic OTLP push of the metrics.
 //! - [`metrics`]: names, labels and buckets of every metric.
 
@@ -30,6 +34,7 @@ pub mod metrics;
 pub mod propagation;
 mod push;
 mod server;
+mod spans;
 pub mod stall;
 pub mod trace;
 
@@ -38,11 +43,13 @@ use std::time::Duration;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::SpanExporter as _;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::filter::FilterExt as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 pub use export::Batching;
-pub use logs::LogFormat;
+pub use logs::{LogFormat, LogWriter};
 pub use propagation::{extract, inject};
 pub use push::MetricsPush;
 pub use server::{ServerTrace, ServerTraceLayer};
@@ -76,7 +83,6 @@ impl Export {
 /// spans still queued and pushes the metrics one last time.
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
-    shipper: Option<export::Shipper>,
     pusher: Option<push::Pusher>,
 }
 
@@ -86,11 +92,14 @@ impl Telemetry {
         if let Some(pusher) = self.pusher {
             pusher.stop(Duration::from_secs(5)).await;
         }
-        if let Some(shipper) = self.shipper {
-            shipper.stop(Duration::from_secs(5)).await;
-        }
         if let Some(provider) = self.provider {
-            let _ = provider.shutdown();
+            // The SDK's shutdown blocks until its processor thread has shipped the queue.
+            let within = Duration::from_secs(5);
+            let stopped =
+                tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(within)).await;
+            if !matches!(stopped, Ok(Ok(()))) {
+                eprintln!("telemetry: spans still queued after {within:?} may not be exported");
+            }
         }
     }
 }
@@ -99,23 +108,34 @@ impl Telemetry {
 /// metrics push. Call once, inside the Tokio runtime. `service` is the default `service.name`
 /// (`OTEL_SERVICE_NAME` wins).
 pub fn init(service: &'static str, format: LogFormat) -> Telemetry {
-    init_with(service, format, Export::from_env(), MetricsPush::from_env())
+    init_with(
+        service,
+        format,
+        LogWriter::Stderr,
+        Export::from_env(),
+        MetricsPush::from_env(),
+    )
 }
 
-/// [`init`] with an explicit span export and metrics push (tests point them at their own
-/// collector).
+/// [`init`] with an explicit log writer, span export and metrics push (tests capture the log
+/// lines and point the exports at their own collector). Logging is installed by the first call
+/// of the process; span export by the first call that asks for it.
 pub fn init_with(
     service: &'static str,
     format: LogFormat,
+    writer: LogWriter,
     export: Option<Export>,
     metrics_push: Option<MetricsPush>,
 ) -> Telemetry {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,sqlx=warn,h2=warn,tower=warn")
     });
+    // Two layers apart, each with its own filter: the exported spans (the slot of the
+    // tracing-opentelemetry layer, empty until spans are exported) and the log lines, which
+    // RUST_LOG filters and which never show an exported span.
     let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(logs::layer(format))
+        .with(spans::Slot.with_filter(spans::ExportedOnly))
+        .with(logs::layer(format, writer).with_filter(filter.and(spans::LogsOnly)))
         .try_init();
     let mut resource = opentelemetry_sdk::Resource::builder();
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
@@ -133,13 +153,14 @@ pub fn init_with(
     let Some(export) = export else {
         return Telemetry {
             provider: None,
-            shipper: None,
             pusher,
         };
     };
-    let mut builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+    use opentelemetry_otlp::WithExportConfig as _;
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_timeout(export.batching.timeout);
     if let Some(endpoint) = &export.endpoint {
-        use opentelemetry_otlp::WithExportConfig as _;
         builder = builder.with_endpoint(endpoint.clone());
     }
     let mut exporter = match builder.build() {
@@ -148,22 +169,21 @@ pub fn init_with(
             tracing::error!(%error, "OTLP exporter not started; spans are not exported");
             return Telemetry {
                 provider: None,
-                shipper: None,
                 pusher,
             };
         }
     };
     exporter.set_resource(&resource);
-    let (processor, shipper) = export::Shipper::start(exporter, export.batching);
     // The sampler is the SDK's: OTEL_TRACES_SAMPLER(_ARG), parentbased_always_on by default.
     let provider = SdkTracerProvider::builder()
         .with_resource(resource)
-        .with_span_processor(processor)
+        .with_span_processor(export::processor(exporter, export.batching))
         .build();
-    trace::set_tracer(provider.tracer(service));
+    if !spans::install(provider.tracer(service)) {
+        tracing::warn!("span export was already started in this process; this one is not used");
+    }
     Telemetry {
         provider: Some(provider),
-        shipper: Some(shipper),
         pusher,
     }
 }

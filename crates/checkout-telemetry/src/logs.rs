@@ -3,6 +3,8 @@
 //! request or a job carries the fields of its span: `trace_id` and `order_id`.
 
 use tracing_subscriber::Layer;
+use tracing_subscriber::fmt::TestWriter;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::registry::LookupSpan;
 
 /// The shape of log lines.
@@ -16,16 +18,32 @@ pub enum LogFormat {
     Json,
 }
 
-/// The formatting layer writing to stderr in `format`.
-pub fn layer<S>(format: LogFormat) -> Box<dyn Layer<S> + Send + Sync>
+/// Where log lines go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogWriter {
+    /// Standard error, the process's log.
+    #[default]
+    Stderr,
+    /// The test harness's captured output (`print!`): a test's lines are shown only when it
+    /// fails, or with `--nocapture`.
+    Test,
+}
+
+/// The formatting layer writing to `writer` in `format`.
+pub fn layer<S>(format: LogFormat, writer: LogWriter) -> Box<dyn Layer<S> + Send + Sync>
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
-    let base = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let base = tracing_subscriber::fmt::layer().with_writer(match writer {
+        LogWriter::Stderr => BoxMakeWriter::new(std::io::stderr),
+        LogWriter::Test => BoxMakeWriter::new(TestWriter::new()),
+    });
     match format {
         LogFormat::Text => base
             // Colours only for a terminal: a log file or collector gets plain text.
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_ansi(
+                writer == LogWriter::Stderr && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            )
             .boxed(),
         LogFormat::Json => base
             .json()

@@ -1,8 +1,9 @@
 //! The tower layer in front of every gRPC server of this crate (the orchestrator's and the
 //! stubs'): it reads the caller's trace context from the request headers BEFORE the server span
-//! exists, runs the call inside that span, and records `rpc_server_call_duration_seconds` with
-//! the method and the status name. A call whose caller went away first (its future dropped)
-//! ends as `CANCELLED` with a `cancelled` event, reason `caller_left`.
+//! exists, runs the call inside that span (a `tracing` span, see [`crate::trace`]), and records
+//! `rpc_server_call_duration_seconds` with the method and the status name. A call whose caller
+//! went away first (its future dropped) ends as `CANCELLED` with a `cancelled` event, reason
+//! `caller_left`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -11,10 +12,12 @@ use std::sync::{LazyLock, RwLock};
 use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
 
+use opentelemetry::KeyValue;
 use opentelemetry::context::FutureExt as _;
-use opentelemetry::trace::{Status, TraceContextExt};
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::trace::Status;
 use tower::{Layer, Service};
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::{code_name, metrics, propagation, trace};
 
@@ -51,19 +54,22 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let method = method_name(request.uri().path());
-        let cx = trace::server_context(method, propagation::extract_headers(request.headers()));
+        let (span, cx) =
+            trace::server_span(method, propagation::extract_headers(request.headers()));
+        // The context first, then the span: entering the span makes its own context (a child of
+        // `cx`) current; without export the span is disabled and `cx` is what calls carry.
         let call = {
-            let _entered = cx.clone().attach();
-            self.inner.call(request)
+            let _attached = cx.clone().attach();
+            span.in_scope(|| self.inner.call(request))
         };
         let mut finish = Finish {
-            cx,
+            span: span.clone(),
             method,
             started: Instant::now(),
             done: false,
         };
         Box::pin(async move {
-            let result = call.with_context(finish.cx.clone()).await;
+            let result = call.instrument(span).with_context(cx).await;
             let status = match &result {
                 Ok(response) => response
                     .headers()
@@ -81,7 +87,9 @@ where
 
 /// Ends the server span and records the call, also when the call's future is dropped.
 struct Finish {
-    cx: Context,
+    /// The server span (disabled when spans are not exported); it ends when the last handle
+    /// to it (this one, or the instrumented call's) is dropped.
+    span: tracing::Span,
     method: &'static str,
     started: Instant,
     done: bool,
@@ -97,26 +105,24 @@ impl Finish {
             self.method
         };
         metrics::rpc_served(label, status, self.started.elapsed());
-        let span = self.cx.span();
-        if span.is_recording() {
-            span.set_attribute(KeyValue::new("rpc.status_code", status));
+        if trace::recording(&self.span) {
+            self.span.record("rpc.status_code", status);
             if status != "OK" {
-                span.set_attribute(KeyValue::new("error.type", status));
+                self.span.record("error.type", status);
             }
             if server_error(status) {
-                span.set_status(Status::error(status));
+                self.span.set_status(Status::error(status));
             }
         }
-        span.end();
     }
 }
 
 impl Drop for Finish {
     fn drop(&mut self) {
         if !self.done {
-            let span = self.cx.span();
-            if span.is_recording() {
-                span.add_event("cancelled", vec![KeyValue::new("reason", "caller_left")]);
+            if trace::recording(&self.span) {
+                self.span
+                    .add_event("cancelled", vec![KeyValue::new("reason", "caller_left")]);
             }
             self.end("CANCELLED");
         }

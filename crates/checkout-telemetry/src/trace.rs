@@ -1,73 +1,83 @@
-//! The tracer of this process and the current trace context, built with the OpenTelemetry API.
-//! Everything that makes spans starts here: the server span of every inbound RPC
+//! The spans of this process and the current trace context. A span is a `tracing` span of
+//! target [`TARGET`] (`tracing::info_span!(target: TARGET, ...)`, attributes as fields or
+//! `OpenTelemetrySpanExt::set_attribute`); when spans are exported the tracing-opentelemetry
+//! layer makes it an OpenTelemetry span, child of the OpenTelemetry context current where it
+//! is created. Everything that makes spans starts here: the server span of every inbound RPC
 //! ([`crate::ServerTraceLayer`]), and the service's own spans (steps, attempts, store writes,
-//! jobs), which ask [`tracer_for_child`] for a tracer.
+//! jobs), which ask [`child_spans`] first.
 //!
-//! Cost: with export off no span is built at all — the caller's trace context (or a fresh,
-//! unsampled trace id, so logs still correlate) is passed through unchanged. With export on, an
+//! Cost: with export off no span is built at all — a span of [`TARGET`] is disabled at its
+//! callsite, and the caller's trace context (or a fresh, unsampled trace id, so logs still
+//! correlate) is passed through unchanged as an OpenTelemetry `Context`. With export on, an
 //! unsampled trace costs one non-recording server span: no child span is built under it (its
-//! context is passed downstream instead), and attributes set later are built only for a
+//! context is passed downstream instead), and attributes built at run time are built only for a
 //! recording span.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _,
-};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::SdkTracer;
 use tonic::metadata::MetadataMap;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use crate::propagation;
+use crate::{propagation, spans};
 
-/// The tracer, set once by [`crate::init`] when spans are exported; `None`: no spans.
-static TRACER: OnceLock<SdkTracer> = OnceLock::new();
+/// The `tracing` target of every exported span: what the tracing-opentelemetry layer sees, and
+/// what log lines leave out.
+pub const TARGET: &str = "checkout::span";
 
-/// Installs the tracer every span of this process is made by.
-pub(crate) fn set_tracer(tracer: SdkTracer) {
-    let _ = TRACER.set(tracer);
+/// Whether spans are exported (set once by [`crate::init`]).
+pub fn exporting() -> bool {
+    spans::exporting()
 }
 
-/// The tracer, when spans are exported.
-pub fn tracer() -> Option<&'static SdkTracer> {
-    TRACER.get()
+/// Whether a child span is worth building here: spans are exported and the current trace is
+/// sampled (a child of an unsampled span would not be sampled either; the parent's context is
+/// passed on instead).
+pub fn child_spans() -> bool {
+    exporting() && Context::map_current(|cx| cx.span().span_context().is_sampled())
 }
 
-/// The tracer, if the current span is sampled: a child of an unsampled span of ours is not
-/// built at all (it would not be sampled either; the parent's context is passed on instead).
-pub fn tracer_for_child() -> Option<&'static SdkTracer> {
-    tracer().filter(|_| Context::map_current(|cx| cx.span().span_context().is_sampled()))
+/// Whether `span` is exported and sampled: attributes and events built at run time are built
+/// only then. Starts the span's OpenTelemetry span if it was not yet.
+pub fn recording(span: &tracing::Span) -> bool {
+    !span.is_disabled() && span.context().span().is_recording()
 }
 
-/// The context of a server call: a server span, child of `parent` (the caller's context), when
-/// spans are exported; otherwise `parent` itself, or a fresh unsampled trace id when the caller
-/// sent none, so that logs and downstream calls still share one trace id.
-pub(crate) fn server_context(method: &'static str, parent: Context) -> Context {
-    match tracer() {
-        Some(tracer) => {
-            let span = tracer
-                .span_builder(method)
-                .with_kind(SpanKind::Server)
-                .with_attributes([
-                    KeyValue::new("rpc.system.name", "grpc"),
-                    KeyValue::new("rpc.method", method),
-                ])
-                .start_with_context(tracer, &parent);
-            parent.with_span(span)
-        }
-        None if parent.span().span_context().is_valid() => parent,
-        None => {
-            let fresh = SpanContext::new(
-                TraceId::from(rand::random::<u128>()),
-                SpanId::from(rand::random::<u64>()),
-                TraceFlags::default(),
-                false,
-                TraceState::default(),
-            );
-            parent.with_remote_span_context(fresh)
-        }
+/// The server span of a call of `method` and the context it runs in. With export on: a span
+/// whose parent is `parent` (the caller's context), and `parent`. Otherwise no span, and
+/// `parent` itself, or a fresh unsampled trace id when the caller sent none, so that logs and
+/// downstream calls still share one trace id.
+pub(crate) fn server_span(method: &'static str, parent: Context) -> (tracing::Span, Context) {
+    if exporting() {
+        let span = tracing::info_span!(
+            target: TARGET,
+            "rpc",
+            otel.name = method,
+            otel.kind = "server",
+            "rpc.system.name" = "grpc",
+            "rpc.method" = method,
+            "rpc.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        // Cannot fail: the span is enabled (spans are exported) and not yet started.
+        let _ = span.set_parent(parent.clone());
+        return (span, parent);
     }
+    if parent.span().span_context().is_valid() {
+        return (tracing::Span::none(), parent);
+    }
+    let fresh = SpanContext::new(
+        TraceId::from(rand::random::<u128>()),
+        SpanId::from(rand::random::<u64>()),
+        TraceFlags::default(),
+        false,
+        TraceState::default(),
+    );
+    (
+        tracing::Span::none(),
+        parent.with_remote_span_context(fresh),
+    )
 }
 
 /// The trace id of the current context, as logs print it (empty without one).
@@ -82,18 +92,17 @@ pub fn current_trace_id() -> String {
     })
 }
 
-/// The current span, if it records: attributes are built only then.
-pub fn recording<R>(f: impl FnOnce(&opentelemetry::trace::SpanRef<'_>) -> R) -> Option<R> {
+/// Sets attributes on the span of the current OpenTelemetry context (the RPC's server span on
+/// the request path, also inside its log spans and the operation it spawns), built only if it
+/// records. That context is the server span's because the tracing-opentelemetry layer makes an
+/// entered span's context current, and the request path carries it into what it spawns.
+pub fn annotate(attributes: impl FnOnce() -> Vec<KeyValue>) {
     Context::map_current(|cx| {
         let span = cx.span();
-        span.is_recording().then(|| f(&span))
-    })
-}
-
-/// Sets attributes on the current span (the RPC's server span on the request path), built only
-/// if it records.
-pub fn annotate(attributes: impl FnOnce() -> Vec<KeyValue>) {
-    recording(|span| span.set_attributes(attributes()));
+        if span.is_recording() {
+            span.set_attributes(attributes());
+        }
+    });
 }
 
 /// The current context's trace context as a `traceparent` value, to store with an order.
