@@ -443,7 +443,15 @@ async fn an_unreachable_database_is_answered_unavailable_and_recovered_from_with
     assert!(called.is_empty(), "called without a record: {called:?}");
 
     database.restore().await;
-    let (answer, took) = replica.place(order("outage", "cart-700"), 2 * SECOND).await;
+    // Refused UNAVAILABLE until the store's probe (every 250 ms while it is down) sees it back.
+    let (answer, took) = poll_until(
+        "PlaceOrder (answered with an Order once the store is back)",
+        EVENTUALLY,
+        Duration::from_millis(50),
+        || replica.place(order("outage", "cart-700"), 2 * SECOND),
+        |(answer, _)| !matches!(answer, Err(s) if s.code() == Code::Unavailable),
+    )
+    .await;
     let placed = answer.expect("the store is back: PlaceOrder answers with an Order");
     assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
     assert!(took < 2 * SECOND, "{took:?}");

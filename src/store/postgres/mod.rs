@@ -15,6 +15,7 @@
 
 mod batch;
 mod decision;
+mod probe;
 mod writer;
 
 use std::time::Duration;
@@ -91,6 +92,8 @@ pub struct PostgresStore {
     pool: PgPool,
     /// Bound on calls nobody waits on (worker, `get`, `stats`).
     background: Duration,
+    /// The write probe, on a connection of its own.
+    probe: probe::Probe,
 }
 
 /// Statement timeout (57014, also a cancel), lock not available (55P03), idle-in-transaction
@@ -180,6 +183,7 @@ impl PostgresStore {
         tracing::info!(max_connections, "postgres store open");
         Ok(Self {
             writer: Writer::start(pool.clone(), statement_guard, is_timeout),
+            probe: probe::Probe::new(pool.connect_options()),
             pool,
             background: background_timeout,
         })
@@ -402,16 +406,7 @@ impl OrderStore for PostgresStore {
     }
 
     async fn probe(&self, now_ms: i64) -> Result<(), StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.pool).await?;
-        call.run(async {
-            sqlx::query(sql::PROBE)
-                .bind(now_ms)
-                .execute(&mut *conn)
-                .await?;
-            Ok(())
-        })
-        .await
+        self.probe.run(now_ms).await
     }
 
     async fn stats(&self) -> Result<JobStats, StoreError> {
@@ -438,6 +433,7 @@ impl OrderStore for PostgresStore {
 
     async fn close(&self) {
         self.writer.close().await;
+        self.probe.close().await;
         self.pool.close().await;
     }
 }
