@@ -1,5 +1,5 @@
 //! Whether the order store takes writes now: one flag, read by PlaceOrder before admission and
-//! by readiness, and set only by the store watch's probe ([`crate::readiness::watch_store`]).
+//! by readiness, and set only by the store watch's probe (`readiness::watch_store`).
 //! A write of the request path that fails wakes the watch at once (coalesced: however many
 //! fail together, one probe answers them), so a store that goes down is seen within a probe's
 //! time, not a probe interval, and one that is merely slow is not marked down by a timeout.
