@@ -33,7 +33,11 @@ fuzz_target!(|data: &[u8]| {
     assert!(hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()));
     if violations.is_empty() {
         assert!(is_key(&parsed.idempotency_key));
-        for id in [&parsed.customer_id, &parsed.cart_id, &parsed.wallet_account_id] {
+        for id in [
+            &parsed.customer_id,
+            &parsed.cart_id,
+            &parsed.wallet_account_id,
+        ] {
             assert!(!id.trim().is_empty() && id.len() <= 128);
             assert!(!id.chars().any(char::is_control));
         }
