@@ -47,7 +47,8 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut violations = Vec::new();
     let scope = scope(&metadata, &mut violations);
-    assert!(scope.ends_with(":checkout"));
+    // A refused x-client-id (malformed, or sent twice) leaves no usable scope, only a violation.
+    assert!(scope.ends_with(":checkout") || !violations.is_empty());
     for v in &violations {
         assert!(v.description.len() <= 128, "{v:?}");
     }
