@@ -2,7 +2,9 @@
 //!
 //! Ready means all three of:
 //! - **the store takes writes**: proved by a write probe before anything is served, and again
-//!   every `store.probe_interval` while running;
+//!   every `store.probe_interval` while running — every [`DOWN_PROBE_INTERVAL`] while it does
+//!   not, and at once when a write of the request path fails (the [`StoreHealth`] flag, which
+//!   PlaceOrder also reads: while it is down, orders are refused UNAVAILABLE before admission);
 //! - **every downstream channel has been tried**: at start each of the four channels (cart,
 //!   fraud, inventory, wallet) connects eagerly, bounded by its step's connect timeout. Ready
 //!   follows once each attempt has ended, connected or not: a replica that has just started
@@ -20,6 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
@@ -29,7 +33,7 @@ use tonic_health::server::HealthReporter;
 use crate::checkout::CheckoutApi;
 use crate::deadline::now_ms;
 use crate::proto::checkout::v1::checkout_service_server::CheckoutServiceServer;
-use crate::store::OrderStore;
+use crate::store::{OrderStore, StoreError, StoreHealth};
 
 /// The health names that follow readiness: the whole server and CheckoutService.
 const HEALTH_NAMES: [&str; 2] = [
@@ -41,7 +45,7 @@ const HEALTH_NAMES: [&str; 2] = [
 #[derive(Debug)]
 pub struct Readiness {
     /// The last write probe succeeded (true at start: the store was probed before serving).
-    store_writable: AtomicBool,
+    store: Arc<StoreHealth>,
     /// Every downstream channel has had its connect attempt; set once, never cleared.
     downstreams_tried: watch::Sender<bool>,
     /// Shutdown has begun; set once, never cleared.
@@ -52,7 +56,7 @@ impl Default for Readiness {
     /// A process that has just started: its store probed, its downstreams not yet tried.
     fn default() -> Self {
         Self {
-            store_writable: AtomicBool::new(true),
+            store: Arc::default(),
             downstreams_tried: watch::Sender::new(false),
             draining: AtomicBool::new(false),
         }
@@ -80,7 +84,12 @@ impl Readiness {
 
     /// Whether the last probe of the store succeeded.
     pub fn store_writable(&self) -> bool {
-        self.store_writable.load(Ordering::Acquire)
+        self.store.is_up()
+    }
+
+    /// The store's health flag, shared with the request path.
+    pub fn store_health(&self) -> &Arc<StoreHealth> {
+        &self.store
     }
 
     /// Whether every downstream channel has had its connect attempt.
@@ -112,7 +121,7 @@ impl Readiness {
 
     /// Records a probe's result; returns whether it changed.
     fn set_store_writable(&self, writable: bool) -> bool {
-        self.store_writable.swap(writable, Ordering::AcqRel) != writable
+        self.store.set_up(writable)
     }
 }
 
@@ -157,31 +166,54 @@ impl HealthPublisher {
     }
 }
 
-/// Probes `store` every `interval` until `stop`, keeping `readiness` current and calling
-/// `changed` with the new readiness whenever the probe's result changes (to update gRPC health).
+/// How often a store found not to take writes is probed, so that its return is seen soon.
+pub const DOWN_PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The least time between two probes, however many failed writes wake the watch.
+const PROBE_GAP: Duration = Duration::from_millis(100);
+
+/// Probes `store` every `interval` (every [`DOWN_PROBE_INTERVAL`] while it takes no writes, and
+/// as soon as a failed write wakes the store's health flag) until `stop`, keeping `readiness`
+/// current and calling `changed` with the new readiness whenever the probe's result changes
+/// (to update gRPC health). Each probe is bounded by `limit`: one that does not answer in time
+/// counts as failed.
 pub async fn watch_store<F, Fut>(
     store: Arc<dyn OrderStore>,
     readiness: Arc<Readiness>,
     interval: Duration,
+    limit: Duration,
     stop: CancellationToken,
     changed: F,
 ) where
     F: Fn(bool) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    let health = Arc::clone(readiness.store_health());
+    let mut last = Instant::now();
     loop {
+        let every = if health.is_up() {
+            interval
+        } else {
+            interval.min(DOWN_PROBE_INTERVAL)
+        };
         tokio::select! {
-            () = tokio::time::sleep(interval) => {}
+            () = tokio::time::sleep_until(last + every) => {}
+            () = health.woken() => tokio::time::sleep_until(last + PROBE_GAP).await,
             () = stop.cancelled() => return,
         }
-        let probed = store.probe(now_ms()).await;
+        let probed = match tokio::time::timeout(limit, store.probe(now_ms())).await {
+            Ok(probed) => probed,
+            Err(_) => Err(StoreError::Timeout(limit)),
+        };
+        last = Instant::now();
         let writable = probed.is_ok();
         if readiness.set_store_writable(writable) {
             match probed {
                 Ok(()) => tracing::info!("the order store accepts writes again"),
                 Err(error) => tracing::error!(
                     %error,
-                    "the order store does not accept writes: health is NOT_SERVING until it does"
+                    "the order store does not accept writes: orders are refused UNAVAILABLE and \
+                     health is NOT_SERVING until it does"
                 ),
             }
             changed(readiness.ready()).await;

@@ -159,6 +159,7 @@ async fn serve_probed(
         Arc::clone(&config),
         downstreams.clone(),
         Arc::clone(&store),
+        Arc::clone(readiness.store_health()),
     ));
     let worker = Arc::new(
         Worker::new(Arc::clone(&config), downstreams.clone(), Arc::clone(&store))
@@ -212,6 +213,7 @@ async fn serve_probed(
             Arc::clone(&store),
             Arc::clone(health.readiness()),
             config.store.probe_interval,
+            config.store.background_timeout,
             stop_worker.clone(),
             move |_| {
                 let health = health.clone();

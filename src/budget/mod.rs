@@ -292,6 +292,124 @@ mod tests {
         );
     }
 
+    mod carve_up {
+        //! Properties of the carve-up over any policy, deadline and timing.
+
+        use super::*;
+        use proptest::prelude::*;
+
+        const STEPS: [Step; 5] = [
+            Step::Cart,
+            Step::Fraud,
+            Step::Inventory,
+            Step::WalletHold,
+            Step::WalletLookup,
+        ];
+
+        fn ms(n: u64) -> Duration {
+            Duration::from_millis(n)
+        }
+
+        /// A policy of arbitrary reserves, minimums and caps (0-500 ms each, caps 0-2000 ms).
+        fn policy() -> impl Strategy<Value = (DeadlinePolicy, Steps)> {
+            let reserves = (0u64..200, 0u64..200, 0u64..200, 0u64..300);
+            let stages = proptest::collection::vec((0u64..500, 0u64..2000), 5);
+            (reserves, stages).prop_map(|((ret, rec, send, floor), stages)| {
+                let deadline = DeadlinePolicy {
+                    return_reserve: ms(ret),
+                    record_reserve: ms(rec),
+                    min_to_send: ms(send),
+                    fast_fail_floor: ms(floor),
+                    ..DeadlinePolicy::default()
+                };
+                let defaults = Steps::default();
+                let stage = |i: usize, base: crate::steps::StepPolicy| crate::steps::StepPolicy {
+                    min_budget: ms(stages[i].0),
+                    cap: ms(stages[i].1),
+                    ..base
+                };
+                let steps = Steps {
+                    cart: stage(0, defaults.cart),
+                    fraud: stage(1, defaults.fraud),
+                    inventory: stage(2, defaults.inventory),
+                    wallet_hold: stage(3, defaults.wallet_hold),
+                    wallet_lookup: stage(4, defaults.wallet_lookup),
+                };
+                (deadline, steps)
+            })
+        }
+
+        proptest! {
+            /// Whenever a child budget is made, it is at least `min_to_send`, at most its step's
+            /// cap, and never more than what remains minus both reserves and the minimum
+            /// budgets of the later mandatory stages.
+            #[test]
+            fn a_child_budget_never_exceeds_remaining_minus_reserves_and_later_minimums(
+                (d, s) in policy(),
+                total in 0u64..5000,
+                elapsed in 0u64..6000,
+                which in 0usize..5,
+            ) {
+                let b = Budgeter::new(&d, &s);
+                let start = Instant::now();
+                let deadline = deadline_ms(total, start);
+                let now = start + ms(elapsed);
+                let step = STEPS[which];
+                let remaining = deadline.at().saturating_duration_since(now);
+                let room = remaining
+                    .saturating_sub(d.return_reserve)
+                    .saturating_sub(d.record_reserve)
+                    .saturating_sub(b.later_minimum(step));
+                match b.allot_at(&deadline, step, now) {
+                    Ok(child) => {
+                        prop_assert!(child.timeout() <= room, "{:?} > {:?}", child.timeout(), room);
+                        prop_assert!(child.timeout() <= b.cap(step));
+                        prop_assert!(child.timeout() >= d.min_to_send);
+                        prop_assert_eq!(child.step(), step);
+                    }
+                    Err(not_sent) => {
+                        prop_assert!(room.min(b.cap(step)) < d.min_to_send);
+                        prop_assert_eq!(not_sent.step, step);
+                    }
+                }
+            }
+
+            /// The path walked in order (cart, then fraud and inventory side by side, then the
+            /// hold), each step using its whole allotment and starting after any delay: every
+            /// step that is sent ends by `deadline − return_reserve − record_reserve`, so the
+            /// decision can still be written and the answer leave in time.
+            #[test]
+            fn the_paths_allotments_fit_the_deadline(
+                (d, s) in policy(),
+                total in 0u64..5000,
+                gaps in proptest::collection::vec(0u64..300, 3),
+            ) {
+                let b = Budgeter::new(&d, &s);
+                let start = Instant::now();
+                let deadline = deadline_ms(total, start);
+                let end_of = |step, at: Instant| {
+                    b.allot_at(&deadline, step, at).map_or(at, |child| at + child.timeout())
+                };
+                let cart_end = end_of(Step::Cart, start + ms(gaps[0]));
+                let checks_at = cart_end + ms(gaps[1]);
+                let checks_end = end_of(Step::Fraud, checks_at).max(end_of(Step::Inventory, checks_at));
+                let hold_at = checks_end + ms(gaps[2]);
+                let hold_end = end_of(Step::WalletHold, hold_at);
+                let answer_by = deadline.minus(d.return_reserve);
+                let record_by = answer_by.checked_sub(d.record_reserve).unwrap_or(start);
+                for (step, at, end) in [
+                    (Step::Cart, start + ms(gaps[0]), cart_end),
+                    (Step::Fraud, checks_at, checks_end),
+                    (Step::WalletHold, hold_at, hold_end),
+                ] {
+                    if end > at {
+                        prop_assert!(end <= record_by.max(at), "{:?} ends {:?} after the record time", step, end - record_by);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn background_budgets_ignore_step_caps() {
         let b = Budgeter::new(&DeadlinePolicy::default(), &Steps::default());

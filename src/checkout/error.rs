@@ -52,6 +52,16 @@ pub enum CheckoutError {
         /// When to try again.
         retry_after: Duration,
     },
+    /// The store's probe finds it taking no writes: refused before admission, so nothing was
+    /// recorded or sent (and the admission limit saw nothing of it).
+    #[error(
+        "the order store is not taking writes, so nothing was recorded or sent; retry after \
+         {retry_after:?} with the same idempotency key"
+    )]
+    StoreDown {
+        /// When to try again.
+        retry_after: Duration,
+    },
     /// The caller's `x-client-id` names someone other than its client certificate.
     #[error("x-client-id does not match the identity of the client certificate")]
     ClientIdMismatch,
@@ -70,7 +80,7 @@ impl CheckoutError {
             Self::BadRequest(_) => "invalid",
             Self::KeyReused { .. } => "idempotency_key_reused",
             Self::DeadlineTooShort(_) => "deadline_too_short",
-            Self::StoreUnavailable { .. } => "store_unavailable",
+            Self::StoreUnavailable { .. } | Self::StoreDown { .. } => "store_unavailable",
             Self::ClientIdMismatch => "client_id_mismatch",
             Self::NotFound => "not_found",
             Self::Internal(_) => "internal",
@@ -195,6 +205,11 @@ impl From<CheckoutError> for Status {
                     ErrorDetails::with_retry_info(Some(retry_after)),
                 )
             }
+            CheckoutError::StoreDown { retry_after } => Status::with_error_details(
+                Code::Unavailable,
+                message,
+                ErrorDetails::with_retry_info(Some(retry_after)),
+            ),
             CheckoutError::NotFound => Status::not_found(message),
             CheckoutError::ClientIdMismatch => Status::permission_denied(message),
             CheckoutError::Internal(_) => Status::internal(message),

@@ -44,7 +44,8 @@ use crate::downstream::operation_context;
 use crate::downstream::{Downstreams, HoldOutcome};
 use crate::proto::inventory::v1 as inventory;
 use crate::store::{
-    Begin, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, TimeLimit,
+    Begin, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, StoreHealth,
+    TimeLimit,
 };
 use checkout_telemetry::{self as telemetry, metrics};
 
@@ -56,6 +57,9 @@ pub struct Orchestrator {
     limiter: AdaptiveLimiter,
     downstreams: Downstreams,
     store: Arc<dyn OrderStore>,
+    /// Whether the store takes writes: while it does not, orders are refused before
+    /// admission (UNAVAILABLE, not OVERLOADED), and failed writes wake its probe.
+    store_health: Arc<StoreHealth>,
     /// Operations in flight, so shutdown can let them finish within their own deadlines.
     operations: TaskTracker,
 }
@@ -78,17 +82,30 @@ struct Progress {
     /// Set when the handler answered from its timer: nobody waits on the operation any more,
     /// so its store writes take the background limit.
     answered: std::sync::atomic::AtomicBool,
+    /// Set when a store write of the operation failed: its time says nothing about the load
+    /// of the service, so its admission permit is released without a sample.
+    store_failed: std::sync::atomic::AtomicBool,
 }
 
 impl Progress {
     fn answered(&self) -> bool {
         self.answered.load(std::sync::atomic::Ordering::Acquire)
     }
+
+    fn store_failed(&self) -> bool {
+        self.store_failed.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 impl Orchestrator {
-    /// An orchestrator over shared downstream clients and a store.
-    pub fn new(config: Arc<Config>, downstreams: Downstreams, store: Arc<dyn OrderStore>) -> Self {
+    /// An orchestrator over shared downstream clients and a store whose health (kept by the
+    /// store watch) is `store_health`.
+    pub fn new(
+        config: Arc<Config>,
+        downstreams: Downstreams,
+        store: Arc<dyn OrderStore>,
+        store_health: Arc<StoreHealth>,
+    ) -> Self {
         let limiter = AdaptiveLimiter::new(&config.admission);
         // The gauges show the limit from the start, not from the first order.
         metrics::admission(limiter.limit(), limiter.in_flight());
@@ -98,6 +115,7 @@ impl Orchestrator {
             config,
             downstreams,
             store,
+            store_health,
             operations: TaskTracker::new(),
         }
     }
@@ -142,6 +160,7 @@ impl Orchestrator {
     /// another. Takes no permit; `place` decides for real (the limit may be reached between
     /// the two).
     pub fn shed_early(&self, deadline: &Deadline) -> Result<(), CheckoutError> {
+        self.store_up()?;
         let slack = self.slack(deadline);
         let cause = self.queueing_exceeds_slack(slack).or_else(|| {
             self.limiter
@@ -155,6 +174,17 @@ impl Orchestrator {
             Some(cause) => self.judged::<()>(Err(cause)),
             None => Ok(()),
         }
+    }
+
+    /// Refuses at once while the store takes no writes: the order could not be recorded, so
+    /// nothing would be sent. Not an overload — the admission limit never sees it.
+    fn store_up(&self) -> Result<(), CheckoutError> {
+        if self.store_health.is_up() {
+            return Ok(());
+        }
+        Err(CheckoutError::StoreDown {
+            retry_after: self.config.retry_after.unavailable,
+        })
     }
 
     /// What the request's deadline leaves beyond the shortest path.
@@ -193,6 +223,7 @@ impl Orchestrator {
         request: OrderRequest,
         deadline: Deadline,
     ) -> Result<Placed, CheckoutError> {
+        self.store_up()?;
         self.budgeter.admit(&deadline)?;
         let permit = self.admit_load(&deadline)?;
         let abandoned = CancellationToken::new();
@@ -291,7 +322,10 @@ impl Operation {
         let result = self.operate(request).await;
         let out_of_time = self.progress.answered()
             || matches!(&result, Ok((placed, _)) if placed.record.reason == Reason::BudgetExhausted.as_str());
-        if out_of_time {
+        if self.progress.store_failed() {
+            // A store that failed is not a service under load: no sample either way.
+            drop(permit);
+        } else if out_of_time {
             permit.dropped();
         } else {
             let rtt = permit.acquired_at().elapsed();
@@ -360,6 +394,7 @@ impl Operation {
         telemetry::annotate(|| idempotency(&order, &begun));
         let created = match begun {
             Err(source) => {
+                self.store_write_failed();
                 return Err(CheckoutError::StoreUnavailable {
                     source,
                     retry_after: config.retry_after.unavailable,
@@ -388,6 +423,15 @@ impl Operation {
         Ok((placed(record), true))
     }
 
+    /// A store write of this operation failed: the store's probe runs now, and the permit
+    /// will be released without a sample.
+    fn store_write_failed(&self) {
+        self.progress
+            .store_failed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.orchestrator.store_health.write_failed();
+    }
+
     /// How long a store write may take: until the answer is due, or the background limit
     /// once the handler has answered without waiting for the operation.
     fn limit(&self) -> TimeLimit {
@@ -414,6 +458,7 @@ impl Operation {
         match store_write("decide", store.decide(&decision, self.limit())).await {
             Ok(stored) => stored,
             Err(error) => {
+                self.store_write_failed();
                 tracing::warn!(order_id = %created.order.order_id, %error, "decision not recorded in time; the worker will finish the order");
                 let mut pending = created;
                 pending.status = OrderStatus::Pending;
@@ -479,6 +524,7 @@ impl Run<'_> {
         let (fraud, stock, intent) = self.fraud_and_inventory(&total, items).await;
         let fraud_review = rules.checks(fraud, stock, &total, self.abandoned.is_cancelled())?;
         if let Err(error) = intent {
+            self.operation.store_write_failed();
             // Record before effect: without HOLD_SENT on disk the hold is not sent. The worker
             // takes the order over (its takeover time was written with RECEIVED) and finishes it
             // once the store is back.

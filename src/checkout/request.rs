@@ -70,17 +70,26 @@ pub fn caller_scope<T>(
     let Some(identity) = certified else {
         return Ok(scope(request.metadata(), violations));
     };
+    // Every value is checked: a second one must not ride along behind a matching first.
     if auth.allow_client_id_header
-        && let Some(claimed) = request.metadata().get(X_CLIENT_ID)
-        && claimed.to_str().ok() != Some(identity.as_str())
+        && request
+            .metadata()
+            .get_all(X_CLIENT_ID)
+            .iter()
+            .any(|claimed| claimed.to_str().ok() != Some(identity.as_str()))
     {
         return Err(super::CheckoutError::ClientIdMismatch);
     }
     Ok(format!("{identity}:checkout"))
 }
 
-/// Reads the idempotency scope from `x-client-id` (default `anonymous`) + `:checkout`.
+/// Reads the idempotency scope from `x-client-id` (default `anonymous`) + `:checkout`. Sent
+/// twice it is ambiguous (which caller is it?), so refused; no violation repeats its value.
 pub fn scope(metadata: &MetadataMap, violations: &mut Vec<FieldViolation>) -> String {
+    if metadata.get_all(X_CLIENT_ID).iter().nth(1).is_some() {
+        violations.push(FieldViolation::new(X_CLIENT_ID, "must be sent once"));
+        return String::new();
+    }
     let client = match metadata.get(X_CLIENT_ID).map(|v| v.to_str()) {
         None => "anonymous".to_owned(),
         Some(Ok(id)) if is_key(id) => id.to_owned(),

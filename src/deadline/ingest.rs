@@ -98,11 +98,12 @@ fn single<'m>(
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(IngestError {
+        // Cut like any malformed value: the first value is the caller's bytes, of any length.
+        return Err(malformed(
             header,
-            value: String::from_utf8_lossy(first.as_encoded_bytes()).into_owned(),
-            reason: "sent more than once".into(),
-        });
+            &String::from_utf8_lossy(first.as_encoded_bytes()),
+            "sent more than once",
+        ));
     }
     first.to_str().map(Some).map_err(|_| {
         malformed(
@@ -297,6 +298,43 @@ mod tests {
         }
         let twice = run(&[(GRPC_TIMEOUT, "1S"), (GRPC_TIMEOUT, "2S")]).expect_err("twice");
         assert_eq!(twice.reason, "sent more than once");
+    }
+
+    /// A header sent twice is refused, and the error repeats at most [`ECHO_LIMIT`] characters
+    /// of its first value, whatever its bytes (here 4 KiB, ASCII or not): the duplicate path
+    /// is cut like every other malformed value.
+    #[test]
+    fn a_header_sent_twice_echoes_at_most_the_echo_limit() {
+        let long = "9".repeat(4096);
+        let mut non_ascii = vec![0xffu8; 4096];
+        non_ascii[0] = b'1';
+        for header in [
+            GRPC_TIMEOUT,
+            X_REQUEST_DEADLINE,
+            REQUEST_DEADLINE_MS,
+            X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+        ] {
+            for first in [
+                tonic::metadata::AsciiMetadataValue::try_from(long.as_str()).expect("ascii"),
+                tonic::metadata::AsciiMetadataValue::try_from(non_ascii.as_slice())
+                    .expect("obs-text is a valid header value"),
+            ] {
+                let mut m = MetadataMap::new();
+                m.append(header, first);
+                m.append(header, "100".parse().expect("ascii"));
+                let err = ingest(&m, &DeadlinePolicy::default()).expect_err("twice");
+                assert_eq!(
+                    (err.header, err.reason.as_str()),
+                    (header, "sent more than once")
+                );
+                assert!(
+                    err.value.chars().count() <= ECHO_LIMIT + 1,
+                    "{header}: {} characters echoed",
+                    err.value.chars().count()
+                );
+                assert!(err.to_string().len() < 200, "{header}: {err}");
+            }
+        }
     }
 
     proptest! {

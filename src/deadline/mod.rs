@@ -11,7 +11,7 @@ pub use checkout_proto::metadata::{epoch_ms, now_ms};
 pub use policy::DeadlinePolicy;
 
 pub use ingest::{
-    GRPC_TIMEOUT, IngestError, REQUEST_DEADLINE_MS, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+    ECHO_LIMIT, GRPC_TIMEOUT, IngestError, REQUEST_DEADLINE_MS, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
     X_REQUEST_DEADLINE, ingest, ingest_at,
 };
 

@@ -27,7 +27,8 @@
 //!   of write (`postgres/batch.rs`; decisions in `postgres/decision.rs`).
 //! - `group.rs`: the hand-off of one write to a writer, bounded by the caller's limit (group
 //!   commit); `sql.rs`: statements and row decoding both SQL backends share; `bounded.rs`: the
-//!   time bound of one call and how its failure is classified; `schema.rs`: the embedded
+//!   time bound of one call and how its failure is classified; `health.rs`: the flag PlaceOrder
+//!   reads before admission, set by the store watch's probe; `schema.rs`: the embedded
 //!   migrations (`migrations/sqlite/`, `migrations/postgres/`), applied at open.
 //!
 //! Durability is per call: a write that returned Ok has committed (with `synchronous = FULL`
@@ -40,6 +41,7 @@
 
 mod bounded;
 mod group;
+mod health;
 mod memory;
 mod postgres;
 mod records;
@@ -47,6 +49,7 @@ mod schema;
 mod sql;
 mod sqlite;
 
+pub use health::StoreHealth;
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 pub use records::{

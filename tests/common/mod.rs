@@ -22,6 +22,7 @@ pub mod otlp;
 pub mod pg;
 pub mod pki;
 pub mod poll;
+pub mod proxy;
 pub mod stalling;
 pub mod wallet;
 

@@ -79,6 +79,34 @@ impl TestDatabase {
         self.store_url != self.admin_url
     }
 
+    /// [`TestDatabase::url`] with its host and port replaced by `addr` (a proxy in front).
+    pub fn url_through(&self, addr: std::net::SocketAddr) -> String {
+        let url = self.url();
+        let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+        let (authority, path) = rest.split_once('/').expect("a URL with a database path");
+        let user = authority
+            .rsplit_once('@')
+            .map(|(user, _)| format!("{user}@"));
+        format!("{scheme}://{}{addr}/{path}", user.unwrap_or_default())
+    }
+
+    /// The server's address (host and port of the URL; the port defaults to 5432).
+    pub fn server_addr(&self) -> std::net::SocketAddr {
+        let url = self.url();
+        let (_, rest) = url.split_once("://").expect("a URL with a scheme");
+        let authority = rest.split_once('/').map_or(rest, |(a, _)| a);
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+        let host_port = if host_port.contains(':') {
+            host_port.to_owned()
+        } else {
+            format!("{host_port}:5432")
+        };
+        let host_port = host_port.replace("localhost", "127.0.0.1");
+        host_port
+            .parse()
+            .expect("the test server's address is IP:port")
+    }
+
     /// The database's name.
     pub fn name(&self) -> String {
         self.name.clone()

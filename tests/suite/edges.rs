@@ -437,3 +437,64 @@ async fn a_proxy_route_timeout_sets_the_deadline_only_when_it_is_the_earliest() 
     );
     h.stop().await;
 }
+
+/// A header the service reads sent twice is refused as ambiguous, and the refusal never
+/// repeats more than `ECHO_LIMIT` (32) characters of what the caller sent: a 4 KiB first value
+/// of each deadline header (and of `x-client-id`) comes back INVALID_ARGUMENT naming the
+/// header, with no more than 32 of its characters in the message or in the BadRequest. Nothing
+/// is recorded or sent.
+#[tokio::test]
+async fn a_header_sent_twice_is_refused_without_echoing_its_value() {
+    use checkout::deadline::ECHO_LIMIT;
+    let h = start().await;
+    let mut client = h.checkout.clone();
+    let hostile = format!("1{}", "7".repeat(4096));
+    let too_much = "7".repeat(ECHO_LIMIT + 1);
+    for header in [
+        "grpc-timeout",
+        "x-request-deadline",
+        "request-deadline-ms",
+        "x-envoy-expected-rq-timeout-ms",
+        "x-client-id",
+    ] {
+        let key = format!("twice-{header}");
+        let mut request = tonic::Request::new(order(&key, "cart-30"));
+        let metadata = request.metadata_mut();
+        metadata.append(header, hostile.parse().unwrap());
+        metadata.append(header, "100".parse().unwrap());
+        if header != "x-client-id" {
+            metadata.insert("x-client-id", "test".parse().unwrap());
+        }
+        let status = client.place_order(request).await.expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{header}: {status:?}");
+        assert!(
+            !status.message().contains(&too_much),
+            "{header}: the message echoes {} bytes: {}",
+            status.message().len(),
+            status.message()
+        );
+        let violations = status
+            .get_details_bad_request()
+            .expect("BadRequest")
+            .field_violations;
+        assert!(
+            violations.iter().any(|v| v.field == header),
+            "{header}: {violations:?}"
+        );
+        for v in &violations {
+            assert!(
+                !v.description.contains(&too_much),
+                "{header}: the violation echoes {} bytes: {}",
+                v.description.len(),
+                v.description
+            );
+        }
+        assert_eq!(
+            h.get_by_key(&key).await.expect_err("nothing").code(),
+            Code::NotFound,
+            "{header}"
+        );
+    }
+    assert!(h.stats().await.methods.iter().all(|m| m.received == 0));
+    h.stop().await;
+}

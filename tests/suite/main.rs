@@ -1,6 +1,7 @@
 //! The service's integration suite, one test binary: every module starts real servers (the
 //! orchestrator, the stubs, or the `checkout` binary as a process) on 127.0.0.1:0 over real
-//! SQLite files or, with `--features postgres-tests`, the machine's PostgreSQL.
+//! SQLite files or, with `--features postgres-tests`, the machine's PostgreSQL (`store_outage`
+//! reaches it through a TCP relay it cuts).
 //!
 //! The suites whose subject is process-wide state run as binaries of their own beside this one:
 //! `metrics` (counters of the process), `export` and `traces` (the process's one tracer), and
@@ -18,4 +19,5 @@ mod layout;
 mod overload;
 mod postgres;
 mod store_conformance;
+mod store_outage;
 mod trust;

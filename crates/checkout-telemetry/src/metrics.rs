@@ -431,6 +431,11 @@ pub fn breaker_state(method: &'static str, state: &'static str) {
     }
 }
 
+/// Tests that set a process-wide gauge and read it back take this first: the registry is
+/// global, and two such tests running at once would each see the other's value.
+#[cfg(test)]
+pub(crate) static GAUGES_IN_TEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,6 +443,9 @@ mod tests {
     /// Every series the observability contract names is rendered under that exact name.
     #[test]
     fn every_contract_name_is_rendered() {
+        let _gauges = GAUGES_IN_TEST
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         rpc_served(
             "checkout.v1.CheckoutService/PlaceOrder",
             "OK",

@@ -343,6 +343,9 @@ mod tests {
     /// bounds, under the resource given.
     #[test]
     fn a_snapshot_carries_every_kind_with_its_labels() {
+        let _gauges = metrics::GAUGES_IN_TEST
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         metrics::order_answered("CONFIRMED", "");
         metrics::worker_jobs(3, 0, Duration::ZERO);
         metrics::store_write("begin", Duration::from_millis(3));

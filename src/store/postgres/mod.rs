@@ -23,6 +23,7 @@
 
 mod batch;
 mod decision;
+mod probe;
 mod writer;
 
 use std::time::Duration;
@@ -142,6 +143,8 @@ pub struct PostgresStore {
     guard: Duration,
     /// How statements are sent.
     sql: Sql,
+    /// The write probe, on a connection of its own.
+    probe: probe::Probe,
 }
 
 /// Statement timeout (57014, also a cancel), lock not available (55P03), idle-in-transaction
@@ -285,6 +288,7 @@ impl PostgresStore {
         tracing::info!(max_connections, ?pooler, "postgres store open");
         Ok(Self {
             writer: Writer::start(pool.clone(), statement_guard, is_timeout, sql),
+            probe: probe::Probe::new(pool.connect_options(), sql),
             pool,
             background: background_timeout,
             guard: statement_guard,
@@ -550,19 +554,7 @@ impl OrderStore for PostgresStore {
     }
 
     async fn probe(&self, now_ms: i64) -> Result<(), StoreError> {
-        let call = self.call(self.background);
-        let mut conn = call.connection(&self.pool).await?;
-        call.run(async {
-            let mut tx = self.begin(&call, &mut conn).await?;
-            self.sql
-                .query(sql::PROBE)
-                .bind(now_ms)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok(())
-        })
-        .await
+        self.probe.run(now_ms).await
     }
 
     async fn stats(&self) -> Result<JobStats, StoreError> {
@@ -595,6 +587,7 @@ impl OrderStore for PostgresStore {
 
     async fn close(&self) {
         self.writer.close().await;
+        self.probe.close().await;
         self.pool.close().await;
     }
 }

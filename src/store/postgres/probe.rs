@@ -1,0 +1,96 @@
+//! The write probe of a PostgreSQL store, on a connection of its own: outside the pool, so a
+//! pool that is exhausted or stuck connecting neither delays nor fakes its verdict, and with a
+//! short connect timeout ([`CONNECT_TIMEOUT`]), so an unreachable server is reported within
+//! about a second rather than after the pool's acquire timeout.
+//!
+//! The connection is kept between probes; one that fails is dropped and the probe tries once
+//! more on a fresh one (a connection the server closed while idle is no outage).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use tokio::sync::Mutex;
+
+use super::super::bounded::classify;
+use super::super::{StoreError, sql};
+use super::{Sql, is_timeout};
+
+/// How long connecting (TCP, TLS, startup) may take.
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long the probe's write may take once connected.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// See the module docs.
+#[derive(Debug)]
+pub(super) struct Probe {
+    options: Arc<PgConnectOptions>,
+    /// How the write is sent: unnamed behind a transaction pooler, like every statement.
+    sql: Sql,
+    /// The kept connection; `None` between a failure and the next connect. `Err(())` once
+    /// closed: probes after [`Probe::close`] fail without connecting.
+    conn: Mutex<Result<Option<PgConnection>, ()>>,
+}
+
+impl Probe {
+    /// A probe connecting with `options` (the pool's), sending its write as `sql` says.
+    pub(super) fn new(options: Arc<PgConnectOptions>, sql: Sql) -> Self {
+        Self {
+            options,
+            sql,
+            conn: Mutex::new(Ok(None)),
+        }
+    }
+
+    /// Commits the probe's tiny write (see [`crate::store::OrderStore::probe`]).
+    pub(super) async fn run(&self, now_ms: i64) -> Result<(), StoreError> {
+        let mut slot = self.conn.lock().await;
+        let Ok(kept) = &mut *slot else {
+            return Err(StoreError::Unavailable("the store is closed".to_owned()));
+        };
+        if let Some(conn) = kept.as_mut() {
+            if write(conn, self.sql, now_ms).await.is_ok() {
+                return Ok(());
+            }
+            *kept = None;
+        }
+        let mut conn = connect(&self.options).await?;
+        write(&mut conn, self.sql, now_ms).await?;
+        *kept = Some(conn);
+        Ok(())
+    }
+
+    /// Closes the kept connection; later probes fail as Unavailable.
+    pub(super) async fn close(&self) {
+        let mut slot = self.conn.lock().await;
+        if let Ok(Some(conn)) = std::mem::replace(&mut *slot, Err(())) {
+            conn.close().await.ok();
+        }
+    }
+}
+
+async fn connect(options: &PgConnectOptions) -> Result<PgConnection, StoreError> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options)).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(match classify(e, CONNECT_TIMEOUT, is_timeout) {
+            StoreError::Timeout(_) => {
+                StoreError::Unavailable("database connection timed out".to_owned())
+            }
+            other => other,
+        }),
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "no database connection within {CONNECT_TIMEOUT:?}"
+        ))),
+    }
+}
+
+async fn write(conn: &mut PgConnection, how: Sql, now_ms: i64) -> Result<(), StoreError> {
+    let query = how.query(sql::PROBE).bind(now_ms).execute(&mut *conn);
+    match tokio::time::timeout(WRITE_TIMEOUT, query).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(classify(e, WRITE_TIMEOUT, is_timeout)),
+        Err(_) => Err(StoreError::Timeout(WRITE_TIMEOUT)),
+    }
+}
