@@ -89,7 +89,16 @@ async fn an_unreachable_store_is_unavailable_not_overloaded_and_recovers_without
         .await
         .unwrap();
     let checkout = CheckoutServiceClient::new(channel.clone());
-    assert_eq!(health(channel.clone()).await, ServingStatus::Serving);
+    // Ready once the store takes writes and every downstream has been tried, which the server
+    // decides in the background after it starts listening.
+    poll_until(
+        "CheckoutService health (SERVING once the server is ready)",
+        EVENTUALLY,
+        Duration::from_millis(50),
+        || health(channel.clone()),
+        |s| *s == ServingStatus::Serving,
+    )
+    .await;
     assert_eq!(http::get(admin, "/readyz").await.0, 200);
 
     // An order recorded before the cut: its hold is under way (HOLD_SENT is durable before a
