@@ -288,7 +288,7 @@ impl PostgresStore {
         tracing::info!(max_connections, ?pooler, "postgres store open");
         Ok(Self {
             writer: Writer::start(pool.clone(), statement_guard, is_timeout, sql),
-            probe: probe::Probe::new(pool.connect_options(), sql),
+            probe: probe::Probe::new(pool.connect_options(), sql, background_timeout),
             pool,
             background: background_timeout,
             guard: statement_guard,

@@ -15,13 +15,19 @@ use tokio::sync::Mutex;
 
 use super::super::bounded::classify;
 use super::super::{StoreError, sql};
-use super::{Sql, is_timeout};
+use super::{Sql, begin_bounded, is_timeout};
 
 /// How long connecting (TCP, TLS, startup) may take.
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How long the probe's write may take once connected.
+/// How long the probe's write may take once connected, at most: the server cancels it then
+/// (`SET LOCAL statement_timeout` in its transaction, so no statement is left running there),
+/// or earlier at the store's background limit when that is shorter.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How much longer than the server's limit the probe waits for the server's answer before it
+/// gives up on the connection (a server that does not answer at all: a partition).
+const ANSWER_MARGIN: Duration = Duration::from_millis(500);
 
 /// See the module docs.
 #[derive(Debug)]
@@ -29,17 +35,22 @@ pub(super) struct Probe {
     options: Arc<PgConnectOptions>,
     /// How the write is sent: unnamed behind a transaction pooler, like every statement.
     sql: Sql,
+    /// The server's limit on the write: the lesser of [`WRITE_TIMEOUT`] and the store's
+    /// background limit.
+    limit: Duration,
     /// The kept connection; `None` between a failure and the next connect. `Err(())` once
     /// closed: probes after [`Probe::close`] fail without connecting.
     conn: Mutex<Result<Option<PgConnection>, ()>>,
 }
 
 impl Probe {
-    /// A probe connecting with `options` (the pool's), sending its write as `sql` says.
-    pub(super) fn new(options: Arc<PgConnectOptions>, sql: Sql) -> Self {
+    /// A probe connecting with `options` (the pool's), sending its write as `sql` says,
+    /// within `background` (the store's limit on calls nobody waits on) or [`WRITE_TIMEOUT`].
+    pub(super) fn new(options: Arc<PgConnectOptions>, sql: Sql, background: Duration) -> Self {
         Self {
             options,
             sql,
+            limit: background.min(WRITE_TIMEOUT),
             conn: Mutex::new(Ok(None)),
         }
     }
@@ -51,13 +62,20 @@ impl Probe {
             return Err(StoreError::Unavailable("the store is closed".to_owned()));
         };
         if let Some(conn) = kept.as_mut() {
-            if write(conn, self.sql, now_ms).await.is_ok() {
-                return Ok(());
+            match write(conn, self.sql, self.limit, now_ms).await {
+                Ok(()) => return Ok(()),
+                // The server answered, too slowly: a second connection would only wait as
+                // long again. The connection is dropped all the same (its state is unknown).
+                Err(timeout @ StoreError::Timeout(_)) => {
+                    *kept = None;
+                    return Err(timeout);
+                }
+                // Broken (the server closed it while idle, a reset): try once on a new one.
+                Err(_) => *kept = None,
             }
-            *kept = None;
         }
         let mut conn = connect(&self.options).await?;
-        write(&mut conn, self.sql, now_ms).await?;
+        write(&mut conn, self.sql, self.limit, now_ms).await?;
         *kept = Some(conn);
         Ok(())
     }
@@ -86,11 +104,20 @@ async fn connect(options: &PgConnectOptions) -> Result<PgConnection, StoreError>
     }
 }
 
-async fn write(conn: &mut PgConnection, how: Sql, now_ms: i64) -> Result<(), StoreError> {
-    let query = how.query(sql::PROBE).bind(now_ms).execute(&mut *conn);
-    match tokio::time::timeout(WRITE_TIMEOUT, query).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(classify(e, WRITE_TIMEOUT, is_timeout)),
-        Err(_) => Err(StoreError::Timeout(WRITE_TIMEOUT)),
+async fn write(
+    conn: &mut PgConnection,
+    how: Sql,
+    limit: Duration,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let bounded = async {
+        let mut tx = begin_bounded(conn, limit, Duration::ZERO).await?;
+        how.query(sql::PROBE).bind(now_ms).execute(&mut *tx).await?;
+        tx.commit().await
+    };
+    match tokio::time::timeout(limit + ANSWER_MARGIN, bounded).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(classify(e, limit, is_timeout)),
+        Err(_) => Err(StoreError::Timeout(limit)),
     }
 }
