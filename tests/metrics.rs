@@ -156,6 +156,34 @@ async fn metrics_count_a_known_mix_of_orders_exactly() {
 
 /// `/readyz` answers 200 while serving and 503 once shutdown begins, for as long as in-flight
 /// orders drain; `/healthz` stays 200 meanwhile.
+/// Every outcome, refusal, shedding cause and step has its series from the start, at zero
+/// until it happens: the alerts in deploy/alerts.yaml divide by and compare these, and a series
+/// that appears only with its first event reads as no data, not 0. None of these events
+/// happens in this test binary.
+#[tokio::test]
+async fn every_outcome_refusal_cause_and_step_is_exported_before_it_happens() {
+    let _turn = SERIAL.lock().await;
+    let (_h, admin) = start_with_admin(|_| {}).await;
+    let (status, text) = get(admin, "/metrics").await;
+    assert_eq!(status, 200);
+    for series in [
+        "checkout_orders_total{status=\"PENDING\",reason=\"PARKED\"} 0",
+        "checkout_orders_total{status=\"PENDING\",reason=\"WALLET_OUTCOME_UNKNOWN\"} 0",
+        "checkout_orders_total{status=\"DECLINED\",reason=\"CALLER_ABANDONED\"} 0",
+        "checkout_admission_rejected_total{reason=\"store_unavailable\"} 0",
+        "checkout_admission_rejected_total{reason=\"client_id_mismatch\"} 0",
+        "checkout_overloaded_total{cause=\"queueing_exceeds_slack\"} 0",
+        "checkout_overloaded_total{cause=\"concurrency_limit\"} 0",
+        "checkout_step_duration_seconds_count{step=\"wallet_lookup\"} 0",
+        "checkout_step_budget_allotted_seconds_count{step=\"wallet_lookup\"} 0",
+    ] {
+        assert!(
+            text.lines().any(|line| line == series),
+            "no `{series}` in /metrics"
+        );
+    }
+}
+
 #[tokio::test]
 async fn readyz_is_503_while_draining() {
     let _turn = SERIAL.lock().await;

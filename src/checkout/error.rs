@@ -74,6 +74,18 @@ pub enum CheckoutError {
 }
 
 impl CheckoutError {
+    /// Every value [`CheckoutError::metric_reason`] returns.
+    pub const METRIC_REASONS: [&'static str; 8] = [
+        "invalid",
+        "idempotency_key_reused",
+        "deadline_too_short",
+        "store_unavailable",
+        "client_id_mismatch",
+        "not_found",
+        "internal",
+        "overloaded",
+    ];
+
     /// The label of `checkout_admission_rejected_total` for this refusal (a closed set).
     pub fn metric_reason(&self) -> &'static str {
         match self {
@@ -108,6 +120,9 @@ pub enum Overload {
 }
 
 impl Overload {
+    /// Every value [`Overload::as_str`] returns.
+    pub const CAUSES: [&'static str; 2] = ["concurrency_limit", "queueing_exceeds_slack"];
+
     /// The `ErrorInfo` metadata value and metrics label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -214,5 +229,55 @@ impl From<CheckoutError> for Status {
             CheckoutError::ClientIdMismatch => Status::permission_denied(message),
             CheckoutError::Internal(_) => Status::internal(message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_refusal_and_shedding_cause_is_in_the_declared_label_sets() {
+        let second = Duration::from_secs(1);
+        let refusals = [
+            CheckoutError::BadRequest(Vec::new()),
+            CheckoutError::KeyReused {
+                order_id: "ord_1".to_owned(),
+            },
+            CheckoutError::DeadlineTooShort(TooShort {
+                remaining: second,
+                floor: second,
+            }),
+            CheckoutError::Overloaded {
+                cause: Overload::ConcurrencyLimit { limit: 1 },
+                retry_after: second,
+            },
+            CheckoutError::StoreUnavailable {
+                source: StoreError::Timeout(second),
+                retry_after: second,
+            },
+            CheckoutError::StoreDown {
+                retry_after: second,
+            },
+            CheckoutError::ClientIdMismatch,
+            CheckoutError::NotFound,
+            CheckoutError::Internal(String::new()),
+        ];
+        let mut seen: Vec<&str> = refusals.iter().map(CheckoutError::metric_reason).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        let mut declared = CheckoutError::METRIC_REASONS.to_vec();
+        declared.sort_unstable();
+        assert_eq!(seen, declared);
+
+        let causes = [
+            Overload::ConcurrencyLimit { limit: 1 },
+            Overload::QueueingExceedsSlack {
+                expected_wait: second,
+                slack: second,
+            },
+        ];
+        let seen: Vec<&str> = causes.iter().map(|c| c.as_str()).collect();
+        assert_eq!(seen, Overload::CAUSES);
     }
 }

@@ -9,8 +9,8 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::{
-    CheckoutError, FieldViolation, Orchestrator, OrderRequest, Reason, caller_scope, is_key,
-    is_order_id,
+    CheckoutError, FieldViolation, Orchestrator, OrderRequest, Overload, Reason, caller_scope,
+    is_key, is_order_id,
 };
 use crate::budget::waterfall_duration;
 use crate::config::RetryAfterPolicy;
@@ -18,6 +18,7 @@ use crate::deadline::ingest;
 use crate::proto::checkout::v1::{
     self as pb, checkout_service_server::CheckoutService, get_order_request::Lookup,
 };
+use crate::steps::Step;
 use crate::store::{OrderRecord, OrderStatus, Phase};
 use checkout_telemetry::{self as telemetry, metrics};
 
@@ -30,7 +31,26 @@ pub struct CheckoutApi {
 impl CheckoutApi {
     /// Serves `orchestrator`.
     pub fn new(orchestrator: Arc<Orchestrator>) -> Self {
+        declare_metrics();
         Self { orchestrator }
+    }
+}
+
+/// Every outcome, refusal, shedding cause and step this service can report, at zero, so that
+/// the alerts and the dashboard (deploy/) read 0 on a replica that has not seen one yet.
+fn declare_metrics() {
+    metrics::declare::order_outcome(OrderStatus::Confirmed.as_str(), "");
+    for reason in Reason::ALL {
+        metrics::declare::order_outcome(reason.status().as_str(), reason.as_str());
+    }
+    for reason in CheckoutError::METRIC_REASONS {
+        metrics::declare::admission_rejection(reason);
+    }
+    for cause in Overload::CAUSES {
+        metrics::declare::overload_cause(cause);
+    }
+    for step in Step::ALL {
+        metrics::declare::step(step.name());
     }
 }
 

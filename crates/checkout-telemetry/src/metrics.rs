@@ -275,6 +275,46 @@ pub fn families() -> Vec<prometheus_data_model::MetricFamily> {
 /// The content type of [`encode`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Series that exist before their first event: each call creates one at zero, so a dashboard
+/// or an alert reads 0 instead of nothing until the event first happens (Prometheus'
+/// instrumentation practice: avoid missing metrics; an alert on a share of PENDING answers
+/// must evaluate on a replica that has answered none). The service declares every value of
+/// its closed label sets at start (see `checkout::checkout::service`).
+pub mod declare {
+    use super::{CauseLabel, METRICS, OrderLabels, ReasonLabel, StepLabel};
+
+    /// An order outcome, as [`super::order_answered`] labels it.
+    pub fn order_outcome(status: &'static str, reason: &'static str) {
+        let reason = if reason.is_empty() { "none" } else { reason };
+        drop(
+            METRICS
+                .orders
+                .get_or_create(&OrderLabels { status, reason }),
+        );
+    }
+
+    /// A refusal reason of [`super::admission_rejected`].
+    pub fn admission_rejection(reason: &'static str) {
+        drop(
+            METRICS
+                .admission_rejected
+                .get_or_create(&ReasonLabel { reason }),
+        );
+    }
+
+    /// A cause of [`super::overloaded`].
+    pub fn overload_cause(cause: &'static str) {
+        drop(METRICS.overloaded.get_or_create(&CauseLabel { cause }));
+    }
+
+    /// A request-path step of [`super::step_ended`]: its two histograms, empty.
+    pub fn step(step: &'static str) {
+        let label = StepLabel { step };
+        drop(METRICS.step_allotted.get_or_create(&label));
+        drop(METRICS.step_duration.get_or_create(&label));
+    }
+}
+
 /// One RPC this process served, named by its full method (`_OTHER` for unknown paths).
 pub fn rpc_served(method: &'static str, status: &'static str, took: Duration) {
     METRICS
