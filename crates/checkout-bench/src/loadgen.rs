@@ -17,7 +17,10 @@
 //!   prints one JSON object per window, run and lane instead of tables; `--expect` makes the
 //!   run a behaviour check: exit non-zero on any answer after its deadline or any outcome not
 //!   listed. CI uses that, and never asserts speed.
+//! - `--ledger STUBS` audits the stub wallet after the runs against the answers (see
+//!   `loadgen::ledger`): what a restart or failover under load must leave behind.
 
+mod ledger;
 mod report;
 
 use std::sync::{Arc, Mutex};
@@ -83,6 +86,16 @@ fn parse_target(s: &str) -> Result<Target, String> {
         format!("http://{address}")
     };
     Ok(Target { name, uri })
+}
+
+/// A plain URI: `host:port` or `http://host:port`.
+fn parse_uri(s: &str) -> Result<String, String> {
+    match parse_target(s)? {
+        Target { name, .. } if name != s.trim_start_matches("http://") => {
+            Err("expected a URI, not NAME=URI".to_owned())
+        }
+        Target { uri, .. } => Ok(uri),
+    }
 }
 
 /// Processes to measure: `--pid NAME=PID`, `--pid NAME=cmdline:TEXT` or
@@ -212,6 +225,14 @@ pub struct LoadgenArgs {
     /// of these (e.g. `CONFIRMED`; errors are `error <Code>`).
     #[arg(long, value_delimiter = ',', value_name = "OUTCOME")]
     expect: Vec<String>,
+    /// The stubs every lane's orders reach (`host:port` of `checkout stubs`): after the runs,
+    /// look every order sent (warm-up included) up by its key and audit it against the stub
+    /// wallet: none still PENDING once `--drain` has passed, CONFIRMED held and captured,
+    /// DECLINED released and never captured, nothing captured for no order, no hold left open,
+    /// no effect after its call's deadline. A failed audit fails the run. Give the stubs a
+    /// `--history-capacity` above the effects the load makes.
+    #[arg(long, value_name = "URI", value_parser = parse_uri)]
+    ledger: Option<String>,
 }
 
 impl LoadgenArgs {
@@ -247,6 +268,8 @@ struct Run {
     mode: Mode,
     round: u32,
     measured: Measured,
+    /// Every order the run sent, warm-up included, for `--ledger`.
+    sent: ledger::Sent,
     /// Follow-up jobs still waiting when the load stopped (targets with an OperatorService).
     backlog: Option<u64>,
 }
@@ -296,7 +319,27 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         }
     }
     print_summary(&args, &lanes, &runs)?;
-    check(&args, &runs)
+    check(&args, &runs)?;
+    match &args.ledger {
+        Some(stubs) => audit_ledger(&args, stubs, &runs).await,
+        None => Ok(()),
+    }
+}
+
+/// `--ledger`: every order of every run, looked up and set against the stub wallet.
+async fn audit_ledger(args: &LoadgenArgs, stubs: &str, runs: &[Run]) -> anyhow::Result<()> {
+    let sent: Vec<ledger::Sent> = runs.iter().map(|r| r.sent.clone()).collect();
+    let audit = ledger::audit(stubs, &sent, args.drain)
+        .await
+        .with_context(|| format!("auditing the orders against the stubs' ledger at {stubs}"))?;
+    if !args.json {
+        println!("\nledger: {}", audit.summary());
+    }
+    if audit.problems.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("ledger audit failed:\n  {}", audit.problems.join("\n  "))
+    }
 }
 
 /// One run of `lane`: in-process lanes start and stop their servers around it.
@@ -327,7 +370,7 @@ async fn run_lane(
                     .map(|p| (p.clone(), false)),
             );
             probes.push((me, false));
-            let measured = drive(args, uri, lane, mode, round, probes).await?;
+            let (measured, sent) = drive(args, uri, lane, mode, round, probes).await?;
             let backlog = backlog(uri).await;
             if backlog.is_some_and(|n| n > 0) {
                 drain(uri, args.drain).await;
@@ -337,6 +380,7 @@ async fn run_lane(
                 mode,
                 round,
                 measured,
+                sent,
                 backlog,
             })
         }
@@ -348,11 +392,13 @@ async fn run_lane(
             let backlog = backlog(&uri).await;
             server.stop().await?;
             stubs.stop().await;
+            let (measured, sent) = measured?;
             Ok(Run {
                 lane: lane.name.clone(),
                 mode,
                 round,
-                measured: measured?,
+                measured,
+                sent,
                 backlog,
             })
         }
@@ -476,7 +522,7 @@ async fn drive(
     mode: Mode,
     round: u32,
     probes: Vec<(Probe, bool)>,
-) -> anyhow::Result<Measured> {
+) -> anyhow::Result<(Measured, ledger::Sent)> {
     let endpoint = Endpoint::from_shared(uri.to_owned())
         .with_context(|| format!("invalid target {uri:?}"))?
         .tcp_nodelay(true);
@@ -507,6 +553,7 @@ async fn drive(
     ));
     let deadline = args.deadline();
     let all_answered = CancellationToken::new();
+    let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
 
     // Reads the processes at every window bound; with `--window`, prints each window once its
     // orders are all answered (or given up on).
@@ -556,7 +603,7 @@ async fn drive(
 
     let one = {
         let (windows, tallies) = (Arc::clone(&windows), Arc::clone(&tallies));
-        let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (seq, run_id) = (Arc::clone(&seq), run_id.clone());
         move |client: CheckoutServiceClient<Channel>, scheduled: Instant| {
             let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let request = tonic::Request::new(load::order(&run_id, n));
@@ -609,11 +656,18 @@ async fn drive(
         (Some(a), Some(b)) => usage(&probes, a, b),
         _ => Vec::new(),
     };
-    Ok(Measured {
-        tally: total,
-        span: last - measure_from,
-        procs,
-    })
+    Ok((
+        Measured {
+            tally: total,
+            span: last - measure_from,
+            procs,
+        },
+        ledger::Sent {
+            uri: uri.to_owned(),
+            run_id,
+            count: seq.load(std::sync::atomic::Ordering::Relaxed),
+        },
+    ))
 }
 
 /// The follow-up jobs waiting at the target; `None` if it has no OperatorService (`bare`) or
@@ -920,6 +974,19 @@ fn check(args: &LoadgenArgs, runs: &[Run]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ledger_takes_a_plain_or_http_address_and_no_name() {
+        assert_eq!(
+            parse_uri("127.0.0.1:5000").unwrap(),
+            "http://127.0.0.1:5000"
+        );
+        assert_eq!(
+            parse_uri("http://127.0.0.1:5000").unwrap(),
+            "http://127.0.0.1:5000"
+        );
+        assert!(parse_uri("stubs=127.0.0.1:5000").is_err());
+    }
 
     #[test]
     fn targets_take_an_optional_name_and_a_plain_or_http_address() {
