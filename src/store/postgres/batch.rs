@@ -50,13 +50,15 @@ const BEGIN_ORDERS: &str = "WITH input AS (\
      SELECT order_id FROM created";
 
 /// Moves RECEIVED orders to HOLD_SENT with their frozen totals. `$1`..`$4` arrays of order
-/// id, total currency and amount, and now.
+/// id, total currency and amount, and now. The orders are found by `order_id = ANY ($1)`, an
+/// index probe per id whatever plan is cached (a generic plan made while the table was small
+/// otherwise keeps hashing a sequential scan of it: see `HAND_OVER_TAKEOVERS`).
 const RECORD_HOLD_INTENTS: &str = "UPDATE orders o SET phase = 'HOLD_SENT', \
      total_currency = i.currency, total_minor = i.minor_units, hold_sent_at_ms = i.at_ms, \
      updated_at_ms = i.at_ms \
      FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
      AS i (order_id, currency, minor_units, at_ms) \
-     WHERE o.order_id = i.order_id AND o.phase = 'RECEIVED'";
+     WHERE o.order_id = ANY ($1::text[]) AND o.order_id = i.order_id AND o.phase = 'RECEIVED'";
 
 /// The orders named in `$1` (an array of ids), with their parked job kinds.
 const SELECT_ORDERS: &str = concat!(
@@ -252,7 +254,7 @@ pub(super) async fn load(
         return Ok(HashMap::new());
     }
     let rows = q
-        .query(SELECT_ORDERS)
+        .query_planned_each_time(SELECT_ORDERS)
         .bind(ids)
         .fetch_all(&mut *conn)
         .await?;
@@ -277,7 +279,7 @@ async fn begin_orders(
         round.iter().map(|(order, ..)| field(order)).collect()
     };
     let rows = q
-        .query(BEGIN_ORDERS)
+        .query_planned_each_time(BEGIN_ORDERS)
         .bind(text(|o| &o.order_id))
         .bind(text(|o| &o.scope))
         .bind(text(|o| &o.idempotency_key))
@@ -345,7 +347,7 @@ async fn load_by_key(
         return Ok(HashMap::new());
     }
     let rows = q
-        .query(SELECT_ORDERS_BY_KEY)
+        .query_planned_each_time(SELECT_ORDERS_BY_KEY)
         .bind(orders.iter().map(|o| o.scope.as_str()).collect::<Vec<_>>())
         .bind(
             orders
@@ -373,7 +375,7 @@ async fn record_hold_intents(
     q: Sql,
     round: Vec<(&str, &Money, i64, &mut Reply<()>)>,
 ) -> Result<(), Fail> {
-    q.query(RECORD_HOLD_INTENTS)
+    q.query_planned_each_time(RECORD_HOLD_INTENTS)
         .bind(round.iter().map(|(id, ..)| *id).collect::<Vec<_>>())
         .bind(
             round
@@ -404,7 +406,7 @@ pub(super) async fn decide(
     decisions: &[&Decision],
 ) -> Result<Vec<Result<OrderRecord, StoreError>>, Fail> {
     let rows = q
-        .send(decision::query(decisions.iter().copied()))
+        .send_planned_each_time(decision::query(decisions.iter().copied()))
         .fetch_all(&mut *conn)
         .await?;
     let mut decided = rows
@@ -457,7 +459,7 @@ async fn finish_jobs(
     }
     for round in rounds(done, |(job, ..)| job.id) {
         let held = leased(
-            q.query(FINISH_DONE)
+            q.query_planned_each_time(FINISH_DONE)
                 .bind(round.iter().map(|(job, ..)| job.id).collect::<Vec<_>>())
                 .bind(
                     round
@@ -498,7 +500,7 @@ async fn finish_jobs(
             }
         }
         let held = leased(
-            q.query(FINISH_RETRY)
+            q.query_planned_each_time(FINISH_RETRY)
                 .bind(round.iter().map(|(job, ..)| job.id).collect::<Vec<_>>())
                 .bind(
                     round
@@ -556,7 +558,7 @@ async fn finish_one(
     outcome: &JobOutcome,
 ) -> Result<bool, Fail> {
     let lease = |statement: &'static str| {
-        q.query(statement)
+        q.query_planned_each_time(statement)
             .bind(job.id)
             .bind(&job.lease_owner)
             .bind(job.lease_until_ms)

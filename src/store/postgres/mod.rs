@@ -55,16 +55,20 @@ const SELECT_ORDER_BY_KEY: &str = sql::select_order_by_key_sql!("string_agg", "$
 ///
 /// The batch size is written into the text (a test checks it is the constant), not bound: a
 /// plan made without the parameters' values — a prepared statement's generic plan — takes an
-/// unknown `LIMIT` for a tenth of the table, and for that many rows joins the handed-over
-/// orders back by hashing a sequential scan of every order instead of one index probe each.
+/// unknown `LIMIT` for a tenth of the table. And the handed-over orders are found again by
+/// `order_id = ANY (ARRAY(…))`, an index probe per id in any plan: joined to `due` instead, a
+/// generic plan that expects 500 due orders hashes a sequential scan of every order on every
+/// claim (seen with auto_explain under load: PostgreSQL's CPU per order grew with the table,
+/// 650 → 1,470 µs over three 10 s rounds, and stayed flat with custom plans).
 const HAND_OVER_TAKEOVERS: &str = "WITH due AS (\
      SELECT order_id, takeover_at_ms FROM orders WHERE takeover_at_ms <= $1 \
      ORDER BY takeover_at_ms LIMIT 500 FOR UPDATE SKIP LOCKED), \
      cleared AS (\
-     UPDATE orders o SET takeover_at_ms = NULL FROM due WHERE o.order_id = due.order_id \
-     RETURNING o.order_id, due.takeover_at_ms) \
+     UPDATE orders o SET takeover_at_ms = NULL \
+     WHERE o.order_id = ANY (ARRAY(SELECT order_id FROM due)) RETURNING o.order_id) \
      INSERT INTO jobs (order_id, kind, state, attempts, run_at_ms, created_at_ms, updated_at_ms) \
-     SELECT order_id, 'drive_order', 'pending', 0, takeover_at_ms, $1, $1 FROM cleared \
+     SELECT due.order_id, 'drive_order', 'pending', 0, due.takeover_at_ms, $1, $1 \
+     FROM due JOIN cleared ON cleared.order_id = due.order_id \
      ON CONFLICT (order_id, kind) DO NOTHING";
 
 /// Leases up to `$4` due jobs to `$1` until `$3` (`$2` now), skipping rows another claimer has
@@ -107,22 +111,32 @@ impl Sql {
     }
 
     /// `sql` as a query planned with its arguments' values at every execution, never kept
-    /// prepared, whatever the pooler: for a statement whose right plan depends on them.
-    fn query_planned_each_time(self, sql: &'static str) -> Query<'static, Postgres, PgArguments> {
+    /// prepared, whatever the pooler: for a statement whose right plan depends on them, or on
+    /// how big the tables are now. The group commit's set-based statements are such: one
+    /// execution carries a whole group (its arrays as long as the group), so planning costs
+    /// once per group, while a kept statement's generic plan guesses the arrays' length and
+    /// keeps the table sizes of when it was made — on a store that started empty, sequential
+    /// scans that then grow with the tables (measured: PostgreSQL's CPU per order 650 → 1,470
+    /// µs over three 10 s rounds with kept plans, flat at ~550 µs planned each time;
+    /// docs/benchmarks.md).
+    pub(super) fn query_planned_each_time(
+        self,
+        sql: &'static str,
+    ) -> Query<'static, Postgres, PgArguments> {
         sqlx::query(sql).persistent(false)
+    }
+
+    /// A query built elsewhere, planned each time (see [`Sql::query_planned_each_time`]).
+    pub(super) fn send_planned_each_time(
+        self,
+        query: Query<'static, Postgres, PgArguments>,
+    ) -> Query<'static, Postgres, PgArguments> {
+        query.persistent(false)
     }
 
     /// `sql` as a query of one count.
     fn count(self, sql: &'static str) -> QueryScalar<'static, Postgres, i64, PgArguments> {
         sqlx::query_scalar(sql).persistent(self.named)
-    }
-
-    /// A statement of another module (a query built elsewhere) sent the same way.
-    pub(super) fn send(
-        self,
-        query: Query<'static, Postgres, PgArguments>,
-    ) -> Query<'static, Postgres, PgArguments> {
-        query.persistent(self.named)
     }
 }
 
@@ -484,13 +498,13 @@ impl OrderStore for PostgresStore {
             // failure anywhere leaves nothing handed over or leased (the next claim does it).
             let mut tx = self.begin(&call, &mut conn).await?;
             self.sql
-                .query(HAND_OVER_TAKEOVERS)
+                .query_planned_each_time(HAND_OVER_TAKEOVERS)
                 .bind(now_ms)
                 .execute(&mut *tx)
                 .await?;
             let rows = self
                 .sql
-                .query(CLAIM_DUE)
+                .query_planned_each_time(CLAIM_DUE)
                 .bind(owner)
                 .bind(now_ms)
                 .bind(lease_until_ms)
