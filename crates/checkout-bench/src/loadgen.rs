@@ -319,10 +319,16 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         }
     }
     print_summary(&args, &lanes, &runs)?;
-    check(&args, &runs)?;
-    match &args.ledger {
+    // Both checks run, so a failed behaviour check still shows what became of the orders.
+    let behaviour = check(&args, &runs);
+    let ledger = match &args.ledger {
         Some(stubs) => audit_ledger(&args, stubs, &runs).await,
         None => Ok(()),
+    };
+    match (behaviour, ledger) {
+        (Err(b), Err(l)) => Err(anyhow::anyhow!("{b:#}\n{l:#}")),
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(())) => Ok(()),
     }
 }
 
