@@ -4,6 +4,12 @@
 //! named the way `sqlx migrate` expects (`<version>_<description>.sql`), so sqlx-cli and this
 //! list agree on versions and checksums. The list is written out with `include_str!` because
 //! sqlx's `migrate!` macro needs its `macros` feature; a test checks it against the folders.
+//!
+//! A migration file never changes once released, comments included: its checksum is of the
+//! whole text, and a database that applied it refuses a binary whose text differs. So the two
+//! copies of `0003_random_order_ids_and_parking.sql` still cite "SPEC §10" for parking, an
+//! outside document this repository does not hold; the rules they mean are docs/design.md §6
+//! ("Failures and parking").
 
 use sqlx::SqlSafeStr;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
