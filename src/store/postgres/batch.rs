@@ -50,15 +50,13 @@ const BEGIN_ORDERS: &str = "WITH input AS (\
      SELECT order_id FROM created";
 
 /// Moves RECEIVED orders to HOLD_SENT with their frozen totals. `$1`..`$4` arrays of order
-/// id, total currency and amount, and now. The orders are found by `order_id = ANY ($1)`, an
-/// index probe per id whatever plan is cached (a generic plan made while the table was small
-/// otherwise keeps hashing a sequential scan of it: see `HAND_OVER_TAKEOVERS`).
+/// id, total currency and amount, and now.
 const RECORD_HOLD_INTENTS: &str = "UPDATE orders o SET phase = 'HOLD_SENT', \
      total_currency = i.currency, total_minor = i.minor_units, hold_sent_at_ms = i.at_ms, \
      updated_at_ms = i.at_ms \
      FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
      AS i (order_id, currency, minor_units, at_ms) \
-     WHERE o.order_id = ANY ($1::text[]) AND o.order_id = i.order_id AND o.phase = 'RECEIVED'";
+     WHERE o.order_id = i.order_id AND o.phase = 'RECEIVED'";
 
 /// The orders named in `$1` (an array of ids), with their parked job kinds.
 const SELECT_ORDERS: &str = concat!(

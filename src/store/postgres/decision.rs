@@ -22,8 +22,7 @@ use super::super::{Decision, JobKind};
 /// order id and kind of each kind that is not parked afterwards whatever it was (rescheduled
 /// or completed).
 ///
-/// The orders are found by id, `order_id = ANY ($1)`: an index probe per id in any cached plan
-/// (see `RECORD_HOLD_INTENTS`). `status IS NOT DISTINCT FROM 'PENDING'` (the same as `=` for
+/// The orders are found by key: `status IS NOT DISTINCT FROM 'PENDING'` (the same as `=` for
 /// a NOT NULL column) cannot use the status index, so the plan cannot be one that reads every
 /// PENDING order and keeps those in the group (see `SESSION` in the parent module).
 ///
@@ -42,8 +41,7 @@ pub(super) const DECIDE: &str = "WITH input AS (\
      total_currency = COALESCE(i.total_currency, o.total_currency), \
      total_minor = COALESCE(i.total_minor, o.total_minor), \
      hold_id = COALESCE(i.hold_id, o.hold_id), takeover_at_ms = NULL \
-     FROM input i WHERE o.order_id = ANY ($1::text[]) AND o.order_id = i.order_id \
-     AND o.status IS NOT DISTINCT FROM 'PENDING' \
+     FROM input i WHERE o.order_id = i.order_id AND o.status IS NOT DISTINCT FROM 'PENDING' \
      RETURNING o.*), \
      job_input AS (\
      SELECT * FROM unnest($11::text[], $12::text[], $13::bigint[], $14::text[], $15::boolean[]) \
