@@ -509,7 +509,15 @@ async fn a_database_that_stops_taking_writes_turns_health_not_serving() {
             .into_inner()
             .status()
     };
-    assert_eq!(status(health.clone()).await, ServingStatus::Serving);
+    // Readiness is decided in the background once the store and downstreams answer.
+    poll_until(
+        "health SERVING after start",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || status(health.clone()),
+        |s| *s == ServingStatus::Serving,
+    )
+    .await;
     let name = database.name();
     let read_only = |on: bool| {
         let database = &database;
