@@ -11,9 +11,10 @@ use crate::config::{Config, redact_url};
 
 /// Flags of `checkout migrate`; each overrides the config file.
 ///
-/// On PostgreSQL the migrations run under an advisory lock (sqlx's migrator takes
-/// `pg_advisory_lock` on the database for the whole run), so migrators and replicas starting
-/// together are serialized: each applies what the one before it left out.
+/// On PostgreSQL the migrations run in one transaction under a transaction-level advisory
+/// lock (`pg_advisory_xact_lock`, released at its commit, so it holds through a transaction
+/// pooler too), so migrators and replicas starting together are serialized: each applies what
+/// the one before it left out.
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
     /// TOML config (as for `serve`): its `[store]` section is used.

@@ -31,7 +31,9 @@ pub struct ServeArgs {
     data_dir: Option<PathBuf>,
     /// PostgreSQL instead of SQLite (postgres://user@host:port/db?sslmode=verify-full), for
     /// replicas sharing one store. Keep the password out of it: PGPASSWORD or PGPASSFILE (or
-    /// ~/.pgpass) supply it. Never shown by --help, errors or logs.
+    /// ~/.pgpass) supply it. Never shown by --help, errors or logs. At start, serve applies
+    /// any schema migration not yet applied (as `checkout migrate` does), under a
+    /// transaction-level advisory lock, so replicas starting together take turns.
     #[arg(long, env = "CHECKOUT_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     /// Keep orders in this process's memory only (config `store.in_memory`): nothing survives

@@ -261,6 +261,11 @@ async fn migrate(options: &PgConnectOptions, limit: Duration) -> Result<(), Stor
         tx.commit().await.map_err(open_error)
     }
     .await;
+    if applied.is_ok() {
+        tracing::info!(
+            "schema up to date: pending migrations applied under a transaction-level advisory lock"
+        );
+    }
     // The connection's own cache still names the deallocated statements: it is not reused.
     conn.close().await.ok();
     applied
