@@ -154,6 +154,65 @@ fn parse_probe(s: &str) -> Result<Probe, String> {
     })
 }
 
+/// `--surge`: how many times the rate, for how long.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Surge {
+    factor: f64,
+    duration: Duration,
+}
+
+fn parse_surge(s: &str) -> Result<Surge, String> {
+    let (factor, duration) = s
+        .split_once(':')
+        .ok_or_else(|| format!("--surge {s:?}: expected FACTOR:DURATION, e.g. 4:8s"))?;
+    let factor: f64 = factor
+        .trim_end_matches('x')
+        .parse()
+        .map_err(|e| format!("--surge factor {factor:?}: {e}"))?;
+    if !(factor.is_finite() && factor > 0.0) {
+        return Err(format!("--surge factor {factor} must be above 0"));
+    }
+    let duration =
+        humantime::parse_duration(duration).map_err(|e| format!("--surge {duration:?}: {e}"))?;
+    Ok(Surge { factor, duration })
+}
+
+/// The open loop's schedule from `now` to `end`: the rate throughout, or with `surge` in the
+/// middle of the measured span (`measure_from`..`end`).
+fn open_phases(
+    rate: f64,
+    surge: Option<Surge>,
+    now: Instant,
+    measure_from: Instant,
+    end: Instant,
+) -> Vec<load::Phase> {
+    let all = end.saturating_duration_since(now);
+    let Some(surge) = surge else {
+        return vec![load::Phase {
+            rate,
+            duration: all,
+        }];
+    };
+    let measured = end.saturating_duration_since(measure_from);
+    let surge_len = surge.duration.min(measured);
+    let before = measure_from.saturating_duration_since(now) + (measured - surge_len) / 2;
+    let after = all.saturating_sub(before + surge_len);
+    vec![
+        load::Phase {
+            rate,
+            duration: before,
+        },
+        load::Phase {
+            rate: rate * surge.factor,
+            duration: surge_len,
+        },
+        load::Phase {
+            rate,
+            duration: after,
+        },
+    ]
+}
+
 /// Flags of `checkout loadgen`.
 #[derive(Debug, Args)]
 pub struct LoadgenArgs {
@@ -185,6 +244,11 @@ pub struct LoadgenArgs {
     /// Orders per second in open mode.
     #[arg(long, default_value_t = 1100)]
     rate: u32,
+    /// A surge in open mode, `FACTOR:DURATION` (e.g. `4:8s`): `--rate` times FACTOR for
+    /// DURATION in the middle of the measured time, `--rate` before and after it. With
+    /// `--window` the windows show the service before, during and after it.
+    #[arg(long, value_name = "FACTOR:DURATION", value_parser = parse_surge)]
+    surge: Option<Surge>,
     /// Callers in saturate mode.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -243,7 +307,13 @@ impl LoadgenArgs {
     fn mode_text(&self, mode: Mode) -> String {
         match mode {
             Mode::Saturate => format!("saturate, {} callers", self.concurrency),
-            Mode::Open => format!("open loop at {}/s", self.rate),
+            Mode::Open => match self.surge {
+                None => format!("open loop at {}/s", self.rate),
+                Some(s) => format!(
+                    "open loop at {}/s, {}x for {:?} in the middle",
+                    self.rate, s.factor, s.duration
+                ),
+            },
         }
     }
 }
@@ -623,10 +693,18 @@ async fn drive(
                 let Some(t) = tallies.get_mut(window) else {
                     return;
                 };
-                if shot.order().is_some() {
-                    t.answered += 1;
-                    let micros = u64::try_from(shot.latency().as_micros());
-                    let _ = t.latency.record(micros.unwrap_or(u64::MAX).max(1));
+                let micros = u64::try_from(shot.latency().as_micros())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
+                match &shot.answer {
+                    load::Answer::Order(_) => {
+                        t.answered += 1;
+                        let _ = t.latency.record(micros);
+                    }
+                    load::Answer::Error(_) => {
+                        let _ = t.error_latency.record(micros);
+                    }
+                    load::Answer::GaveUp => {}
                 }
                 if shot.late() {
                     t.late += 1;
@@ -643,11 +721,8 @@ async fn drive(
         }
         Mode::Open => {
             let now = Instant::now();
-            let phase = load::Phase {
-                rate: f64::from(args.rate),
-                duration: end.saturating_duration_since(now),
-            };
-            load::open_loop(now, &[phase], |_, scheduled| one(next_client(), scheduled)).await;
+            let phases = open_phases(f64::from(args.rate), args.surge, now, measure_from, end);
+            load::open_loop(now, &phases, |_, scheduled| one(next_client(), scheduled)).await;
         }
     }
     all_answered.cancel();
@@ -1067,6 +1142,31 @@ mod tests {
     }
 
     /// Orders belong to the window they were scheduled in; the last window may be short.
+    #[test]
+    fn a_surge_sits_in_the_middle_of_the_measured_span() {
+        assert_eq!(
+            parse_surge("4x:8s"),
+            Ok(Surge {
+                factor: 4.0,
+                duration: Duration::from_secs(8)
+            })
+        );
+        assert!(parse_surge("4").is_err());
+        assert!(parse_surge("0:8s").is_err());
+        assert!(parse_surge("4:soon").is_err());
+        let now = Instant::now();
+        let (from, end) = (now + Duration::from_secs(2), now + Duration::from_secs(22));
+        let surge = parse_surge("4:8s").ok();
+        let phases = open_phases(100.0, surge, now, from, end);
+        let spans: Vec<(f64, u64)> = phases
+            .iter()
+            .map(|p| (p.rate, p.duration.as_secs()))
+            .collect();
+        // 2 s warm-up + 6 s, then 8 s at 4x, then the last 6 s.
+        assert_eq!(spans, vec![(100.0, 8), (400.0, 8), (100.0, 6)]);
+        assert_eq!(open_phases(100.0, None, now, from, end).len(), 1);
+    }
+
     #[test]
     fn windows_split_the_measured_span() {
         let t0 = Instant::now();

@@ -14,6 +14,10 @@ pub struct Tally {
     /// Latency of answered orders (an `Order`, whatever its status) from the intended send
     /// time, in microseconds.
     pub latency: Histogram<u64>,
+    /// Latency of the calls answered with a gRPC error (refusals such as `RESOURCE_EXHAUSTED
+    /// OVERLOADED`, fast-fails, transport errors; not the calls the loader gave up on), from
+    /// the intended send time, in microseconds: how fast a caller learns it must go elsewhere.
+    pub error_latency: Histogram<u64>,
     /// Answers by `STATUS REASON`, or `error <gRPC code>`.
     pub outcomes: BTreeMap<String, u64>,
     /// Orders answered with an `Order`.
@@ -30,6 +34,7 @@ impl Tally {
     pub fn new() -> anyhow::Result<Self> {
         Ok(Self {
             latency: Histogram::new_with_bounds(1, 60_000_000, 3)?,
+            error_latency: Histogram::new_with_bounds(1, 60_000_000, 3)?,
             outcomes: BTreeMap::new(),
             answered: 0,
             late: 0,
@@ -40,6 +45,7 @@ impl Tally {
     /// Adds `other` to this tally.
     pub fn merge(&mut self, other: &Tally) -> anyhow::Result<()> {
         self.latency.add(&other.latency)?;
+        self.error_latency.add(&other.error_latency)?;
         for (outcome, n) in &other.outcomes {
             *self.outcomes.entry(outcome.clone()).or_default() += n;
         }
@@ -54,7 +60,13 @@ impl Tally {
         self.latency.value_at_quantile(q) as f64 / 1000.0
     }
 
-    /// `CONFIRMED 11000, error Unavailable 3`.
+    /// The error answers' latency at quantile `q`, in milliseconds; `None` without any.
+    pub fn error_ms(&self, q: f64) -> Option<f64> {
+        (!self.error_latency.is_empty())
+            .then(|| self.error_latency.value_at_quantile(q) as f64 / 1000.0)
+    }
+
+    /// `CONFIRMED 11000, error Unavailable 3 (errors answered p50 1.2 / p99 4.5 ms)`.
     fn outcomes_text(&self) -> String {
         if self.outcomes.is_empty() {
             return "none".to_owned();
@@ -64,7 +76,11 @@ impl Tally {
             .iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
-        parts.join(", ")
+        let mut text = parts.join(", ");
+        if let (Some(p50), Some(p99)) = (self.error_ms(0.5), self.error_ms(0.99)) {
+            let _ = write!(text, " (errors answered p50 {p50:.1} / p99 {p99:.1} ms)");
+        }
+        text
     }
 }
 
@@ -219,7 +235,8 @@ pub fn json(fields: &[(&str, String)], m: &Measured) -> String {
     let _ = write!(
         out,
         "\"seconds\":{:.3},\"answered\":{},\"achieved_per_s\":{:.1},\"late\":{},\
-         \"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3},",
+         \"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3},\
+         \"errors\":{},\"error_p50_ms\":{},\"error_p99_ms\":{},",
         m.span.as_secs_f64(),
         t.answered,
         m.achieved(),
@@ -228,7 +245,10 @@ pub fn json(fields: &[(&str, String)], m: &Measured) -> String {
         t.ms(0.9),
         t.ms(0.99),
         t.ms(0.999),
-        t.latency.max() as f64 / 1000.0
+        t.latency.max() as f64 / 1000.0,
+        t.error_latency.len(),
+        number(t.error_ms(0.5)),
+        number(t.error_ms(0.99)),
     );
     let outcomes: Vec<String> = t
         .outcomes
@@ -352,6 +372,26 @@ mod tests {
         assert!(line.contains("\"cpu_us_per_order\":null"));
         assert!(line.contains("\"error \\\"odd\\\"\\n\":1"));
         assert!(!line.contains('\n'));
+        assert!(line.contains("\"errors\":0,\"error_p50_ms\":null,\"error_p99_ms\":null,"));
+    }
+
+    /// Refusals are timed apart from the orders: a caller's question is how fast it is told
+    /// to go elsewhere.
+    #[test]
+    fn error_answers_are_timed_apart_and_shown_with_the_outcomes() {
+        let mut m = measured(10, 5);
+        m.tally.outcomes.insert("error ResourceExhausted".into(), 2);
+        m.tally.error_latency.record(3_000).unwrap();
+        m.tally.error_latency.record(20_000).unwrap();
+        let line = json(&[("kind", string("run"))], &m);
+        assert!(line.contains("\"errors\":2,\"error_p50_ms\":3.001,\"error_p99_ms\":20.015,"), "{line}");
+        assert!(row("serve", &m).ends_with(
+            "error ResourceExhausted 2 (errors answered p50 3.0 / p99 20.0 ms)"
+        ));
+        let mut other = measured(1, 1);
+        other.tally.error_latency.record(7_000).unwrap();
+        m.merge(&other).unwrap();
+        assert_eq!(m.tally.error_latency.len(), 3);
     }
 
     #[test]
