@@ -414,8 +414,11 @@ pub struct ServerPolicy {
     /// The largest request message accepted, in bytes; a larger one is refused before it is
     /// decoded. Every request of this API fits in a few hundred bytes.
     pub max_message_size: usize,
-    /// HTTP/2 `MAX_CONCURRENT_STREAMS` advertised per connection: calls beyond it wait at the
-    /// client instead of piling up here.
+    /// HTTP/2 `MAX_CONCURRENT_STREAMS` advertised per connection. Calls beyond it wait at the
+    /// client, where admission cannot see them: they arrive late, with the `grpc-timeout` they
+    /// were given before they waited, and are neither refused fast nor answered in time. So it
+    /// stays above `admission.max_limit`: the admission limit, which answers a refusal at once,
+    /// decides how many orders run, even for a caller with a single connection.
     pub max_concurrent_streams: u32,
     /// HTTP/2 PING sent on an idle connection this often...
     #[serde(with = "humantime_serde")]
@@ -447,7 +450,8 @@ impl Default for ServerPolicy {
     fn default() -> Self {
         Self {
             max_message_size: 64 * 1024,
-            max_concurrent_streams: 256,
+            // Above admission's max_limit (1,000) with room for refusals and GetOrder calls.
+            max_concurrent_streams: 2048,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
             max_connection_age: Duration::from_secs(30 * 60),
@@ -897,6 +901,15 @@ mod tests {
         assert_eq!(c.steps.wallet_hold.connect, Duration::from_millis(200));
         assert_eq!(c.steps.inventory.cap, Duration::from_millis(150));
         assert_eq!(c.retry_budget.percent, 8.0);
+    }
+
+    /// A caller on one connection must reach admission, which refuses at once, rather than
+    /// wait at its own end for a stream: the stream limit stays above what admission admits.
+    #[test]
+    fn a_connection_carries_more_calls_than_admission_ever_admits() {
+        let c = Config::default();
+        let streams = usize::try_from(c.server.max_concurrent_streams).expect("fits");
+        assert!(streams > c.admission.max_limit, "{streams} <= {}", c.admission.max_limit);
     }
 
     #[test]

@@ -277,7 +277,8 @@ async fn downstreams_over_mutual_tls_are_reached() {
 }
 
 /// The server's first HTTP/2 SETTINGS frame, read over a raw socket, advertises
-/// MAX_CONCURRENT_STREAMS (256 by default): a client cannot open unbounded streams.
+/// MAX_CONCURRENT_STREAMS (2048 by default, above admission's limit): a client cannot open
+/// unbounded streams.
 #[tokio::test]
 async fn the_server_advertises_max_concurrent_streams() {
     let h = start().await;
@@ -319,7 +320,7 @@ async fn the_server_advertises_max_concurrent_streams() {
         })
         .collect();
     assert!(
-        advertised.contains(&(0x3, 256)),
+        advertised.contains(&(0x3, 2048)),
         "MAX_CONCURRENT_STREAMS not advertised: {advertised:?}"
     );
     h.stop().await;
