@@ -909,7 +909,11 @@ mod tests {
     fn a_connection_carries_more_calls_than_admission_ever_admits() {
         let c = Config::default();
         let streams = usize::try_from(c.server.max_concurrent_streams).expect("fits");
-        assert!(streams > c.admission.max_limit, "{streams} <= {}", c.admission.max_limit);
+        assert!(
+            streams > c.admission.max_limit,
+            "{streams} <= {}",
+            c.admission.max_limit
+        );
     }
 
     #[test]

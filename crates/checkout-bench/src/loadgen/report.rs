@@ -384,10 +384,14 @@ mod tests {
         m.tally.error_latency.record(3_000).unwrap();
         m.tally.error_latency.record(20_000).unwrap();
         let line = json(&[("kind", string("run"))], &m);
-        assert!(line.contains("\"errors\":2,\"error_p50_ms\":3.001,\"error_p99_ms\":20.015,"), "{line}");
-        assert!(row("serve", &m).ends_with(
-            "error ResourceExhausted 2 (errors answered p50 3.0 / p99 20.0 ms)"
-        ));
+        assert!(
+            line.contains("\"errors\":2,\"error_p50_ms\":3.001,\"error_p99_ms\":20.015,"),
+            "{line}"
+        );
+        assert!(
+            row("serve", &m)
+                .ends_with("error ResourceExhausted 2 (errors answered p50 3.0 / p99 20.0 ms)")
+        );
         let mut other = measured(1, 1);
         other.tally.error_latency.record(7_000).unwrap();
         m.merge(&other).unwrap();
