@@ -13,7 +13,8 @@ mod trace;
 mod verdict;
 
 pub use decide::{
-    Exposure, Next, Path, Rules, Settled, Stop, Tried, Unsettled, looked_up, reason_for_rejection,
+    Exposure, Inconsistency, Next, Path, Reconciled, Rules, Settled, Stop, Tried, Unsettled,
+    looked_up, reason_for_rejection,
 };
 pub use error::{CheckoutError, ERROR_DOMAIN, Overload, X_DEADLINE_EXCEEDED};
 pub use flow::{Orchestrator, Placed, millis};
