@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::steps::{Cart, Fraud, Lookup, Stock};
+use super::step_calls::{Cart, Fraud, Lookup, Stock};
 use super::{Held, Reason, Verdict, millis};
 use crate::config::{Config, FraudOnTimeout, RetryAfterPolicy};
 use crate::downstream::{CallClass, CallError, HoldId, HoldOutcome, HoldRejection};

@@ -33,7 +33,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::decide::{Exposure, Rules, Stop, Tried, looked_up};
-use super::steps::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock};
+use super::step_calls::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock};
 use super::trace::{StepSpan, store_write};
 use super::{CheckoutError, OrderRequest, Overload, Reason, Verdict};
 use crate::admission::{AdaptiveLimiter, Permit};

@@ -8,7 +8,7 @@ mod flow;
 mod reason;
 mod request;
 mod service;
-mod steps;
+mod step_calls;
 mod trace;
 mod verdict;
 
@@ -24,5 +24,5 @@ pub use request::{
     scope,
 };
 pub use service::{CheckoutApi, order_to_proto};
-pub use steps::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock, frozen_cart};
+pub use step_calls::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock, frozen_cart};
 pub use verdict::{Held, MissingHold, Verdict};
