@@ -542,7 +542,7 @@ mod tests {
         let d = verdict.into_decision("ord_1", 0);
         Wrote {
             status: d.status,
-            reason: Reason::parse(&d.reason).map_or("", Reason::as_str),
+            reason: Reason::stored(d.reason),
             retryable: d.retryable,
             retry_after_ms: d.retry_after_ms,
             total: d.total.map(|t| t.minor_units),
@@ -1282,7 +1282,7 @@ mod tests {
             },
             phase: crate::store::Phase::Decided,
             status,
-            reason: String::new(),
+            reason: None,
             retryable: false,
             retry_after_ms: None,
             total: total.map(usd),

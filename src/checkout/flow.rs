@@ -284,7 +284,7 @@ impl Orchestrator {
         tracing::info!(order_id = %created.order.order_id, "answered PENDING at the deadline's return reserve; the order goes on in the background");
         let mut record = created.clone();
         record.status = OrderStatus::Pending;
-        record.reason = Reason::BudgetExhausted.as_str().to_owned();
+        record.reason = Some(Reason::BudgetExhausted);
         record.retry_after_ms = Some(millis(self.config.retry_after.pending));
         Ok(Placed { record, waterfall })
     }
@@ -321,7 +321,7 @@ impl Operation {
     ) {
         let result = self.operate(request).await;
         let out_of_time = self.progress.answered()
-            || matches!(&result, Ok((placed, _)) if placed.record.reason == Reason::BudgetExhausted.as_str());
+            || matches!(&result, Ok((placed, _)) if placed.record.reason == Some(Reason::BudgetExhausted));
         if self.progress.store_failed() {
             // A store that failed is not a service under load: no sample either way.
             drop(permit);
@@ -462,7 +462,7 @@ impl Operation {
                 tracing::warn!(order_id = %created.order.order_id, %error, "decision not recorded in time; the worker will finish the order");
                 let mut pending = created;
                 pending.status = OrderStatus::Pending;
-                pending.reason = Reason::BudgetExhausted.as_str().to_owned();
+                pending.reason = Some(Reason::BudgetExhausted);
                 pending.retry_after_ms = Some(millis(self.orchestrator.config.retry_after.pending));
                 pending.total = decision.total.or(pending.total);
                 pending
@@ -678,7 +678,7 @@ fn idempotency(
     let value = match begun {
         Ok(Begin::Created(_)) => "new",
         Ok(Begin::Existing(e)) if e.order.request_hash != order.request_hash => "conflict",
-        Ok(Begin::Existing(e)) if e.reason == Reason::InProgress.as_str() => "in_progress",
+        Ok(Begin::Existing(e)) if e.reason == Some(Reason::InProgress) => "in_progress",
         Ok(Begin::Existing(_)) => "replay",
         Err(_) => return Vec::new(),
     };

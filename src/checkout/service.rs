@@ -109,8 +109,8 @@ impl CheckoutService for CheckoutApi {
         let remaining = deadline.remaining();
         metrics::order_answered(
             status_name(answer.status()),
-            // Empty when CONFIRMED (reported as `none`); anything else is one of ours.
-            Reason::parse(&answer.reason).map_or("", Reason::as_str),
+            // Empty when CONFIRMED (reported as `none`).
+            Reason::stored(placed.record.reason),
         );
         metrics::remaining_at_return(remaining);
         telemetry::annotate(|| {
@@ -190,7 +190,7 @@ pub fn order_to_proto(record: &OrderRecord, policy: &RetryAfterPolicy) -> pb::Or
         .map(|ms| Duration::from_millis(ms.max(0).unsigned_abs()))
         .or_else(|| {
             // A record still being worked on by its first attempt has no advice stored yet.
-            (record.status == OrderStatus::Pending && record.reason == Reason::InProgress.as_str())
+            (record.status == OrderStatus::Pending && record.reason == Some(Reason::InProgress))
                 .then_some(policy.pending)
         });
     let hold_may_exist = record.hold_sent_at_ms.is_some()
@@ -199,7 +199,7 @@ pub fn order_to_proto(record: &OrderRecord, policy: &RetryAfterPolicy) -> pb::Or
     pb::Order {
         order_id: record.order.order_id.clone(),
         status: status.into(),
-        reason: record.reason.clone(),
+        reason: Reason::stored(record.reason).to_owned(),
         retryable: record.status == OrderStatus::Declined && record.retryable,
         retry_after: retry_after.map(waterfall_duration),
         total: record.total.as_ref().map(|m| pb::Money {

@@ -44,6 +44,7 @@ mod group;
 mod health;
 mod memory;
 mod postgres;
+mod reason;
 mod records;
 mod schema;
 mod sql;
@@ -52,6 +53,7 @@ mod sqlite;
 pub use health::StoreHealth;
 pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
+pub use reason::Reason;
 pub use records::{
     Begin, Claimed, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewJob, NewOrder,
     OrderRecord, OrderStatus, ParkedJob, Phase, StoreError, TimeLimit,

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use super::Reason;
+
 /// Why a store call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -138,8 +140,8 @@ pub struct OrderRecord {
     pub phase: Phase,
     /// Current outcome.
     pub status: OrderStatus,
-    /// Machine reason code (empty when CONFIRMED).
-    pub reason: String,
+    /// Machine reason code (none when CONFIRMED).
+    pub reason: Option<Reason>,
     /// DECLINED: a new attempt with a new key is safe and may succeed.
     pub retryable: bool,
     /// Advice to the caller, milliseconds.
@@ -174,8 +176,8 @@ pub struct Decision {
     pub order_id: String,
     /// New outcome.
     pub status: OrderStatus,
-    /// New reason.
-    pub reason: String,
+    /// New reason (none when CONFIRMED).
+    pub reason: Option<Reason>,
     /// New retryable flag.
     pub retryable: bool,
     /// New retry advice.

@@ -156,13 +156,10 @@ impl<'a> JobAttempt<'a> {
     /// Every step is repeated with the same reference, so what already happened is found, not
     /// redone.
     async fn drive(&self, order: &OrderRecord) -> Result<Handled, JobError> {
-        let owned_elsewhere = [
-            Reason::FraudReview,
-            Reason::WalletOutcomeUnknown,
-            Reason::Parked,
-        ]
-        .iter()
-        .any(|r| r.as_str() == order.reason);
+        let owned_elsewhere = matches!(
+            order.reason,
+            Some(Reason::FraudReview | Reason::WalletOutcomeUnknown | Reason::Parked)
+        );
         if order.status.is_terminal() || owned_elsewhere {
             return Ok(Handled::Done(None));
         }
