@@ -156,14 +156,18 @@ async fn serve_probed(
         .map(|tls| tls.server("tls"))
         .transpose()?;
     let orchestrator = Arc::new(Orchestrator::new(
-        Arc::clone(&config),
+        config.checkout_settings(),
         downstreams.clone(),
         Arc::clone(&store),
         Arc::clone(readiness.store_health()),
     ));
     let worker = Arc::new(
-        Worker::new(Arc::clone(&config), downstreams.clone(), Arc::clone(&store))
-            .yielding_to(orchestrator.limiter().clone()),
+        Worker::new(
+            config.worker_settings(),
+            downstreams.clone(),
+            Arc::clone(&store),
+        )
+        .yielding_to(orchestrator.limiter().clone()),
     );
 
     let mut routes = RoutesBuilder::default();
@@ -185,7 +189,7 @@ async fn serve_probed(
                 Arc::clone(&store),
                 worker.retry_budgets(),
                 worker.claims(),
-                Arc::clone(&config),
+                config.retry_after,
             ))
             .max_decoding_message_size(max_message),
         );

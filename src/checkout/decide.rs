@@ -10,10 +10,38 @@ use std::time::Duration;
 
 use super::step_calls::{Cart, Fraud, Lookup, Stock};
 use super::{Held, Reason, Verdict, millis};
-use crate::config::{Config, FraudOnTimeout, RetryAfterPolicy};
+use serde::Deserialize;
+
+use super::RetryAfterPolicy;
 use crate::downstream::{CallClass, CallError, HoldId, HoldOutcome, HoldRejection};
 use crate::proto::{inventory::v1 as inventory, wallet::v1 as wallet};
 use crate::store::{JobKind, Money, OrderRecord, OrderStatus};
+
+/// What happens when fraud times out or is unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FraudOnTimeout {
+    /// Proceed to the hold; answer PENDING `FRAUD_REVIEW`; the worker re-scores.
+    Review,
+    /// Decline the order (retryable: nothing was applied).
+    Decline,
+}
+
+/// `fraud.*` keys.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FraudPolicy {
+    /// See [`FraudOnTimeout`].
+    pub on_timeout: FraudOnTimeout,
+}
+
+impl Default for FraudPolicy {
+    fn default() -> Self {
+        Self {
+            on_timeout: FraudOnTimeout::Review,
+        }
+    }
+}
 
 /// Who decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,17 +179,17 @@ impl Rules {
         Self { path, retry_after }
     }
 
-    /// The request path's rules under `config`.
-    pub fn request(config: &Config) -> Self {
+    /// The request path's rules under the `fraud` and `retry_after` policies.
+    pub fn request(fraud: FraudPolicy, retry_after: RetryAfterPolicy) -> Self {
         let path = Path::Request {
-            fraud_on_timeout: config.fraud.on_timeout,
+            fraud_on_timeout: fraud.on_timeout,
         };
-        Self::new(path, config.retry_after)
+        Self::new(path, retry_after)
     }
 
-    /// The worker's rules under `config`.
-    pub fn worker(config: &Config) -> Self {
-        Self::new(Path::Worker, config.retry_after)
+    /// The worker's rules under the `retry_after` policy.
+    pub fn worker(retry_after: RetryAfterPolicy) -> Self {
+        Self::new(Path::Worker, retry_after)
     }
 
     /// `cart.FreezeCart`: the frozen total and the items to reserve, unless the cart is missing,

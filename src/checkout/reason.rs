@@ -5,8 +5,30 @@
 
 use std::time::Duration;
 
-use crate::config::RetryAfterPolicy;
+use serde::Deserialize;
+
 pub use crate::store::Reason;
+
+/// `retry_after.*` keys (docs/design.md §8).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryAfterPolicy {
+    /// After a downstream was unavailable or timed out.
+    #[serde(with = "humantime_serde")]
+    pub unavailable: Duration,
+    /// While an order is in flight or pending.
+    #[serde(with = "humantime_serde")]
+    pub pending: Duration,
+}
+
+impl Default for RetryAfterPolicy {
+    fn default() -> Self {
+        Self {
+            unavailable: Duration::from_secs(2),
+            pending: Duration::from_secs(1),
+        }
+    }
+}
 
 impl Reason {
     /// DECLINED with nothing applied and a transient cause: a new attempt with a NEW key is safe

@@ -2,13 +2,22 @@
 //! once), the idempotency scope read from `x-client-id`, a fresh order id drawn, and the
 //! canonical request hash derived.
 
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 
-use crate::config::AuthPolicy;
 use crate::proto::checkout::v1 as pb;
 use crate::store::{Money, NewOrder};
 use crate::tls::peer_identity;
+
+/// `auth.*` keys: who a caller is.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthPolicy {
+    /// With mTLS, a caller is its certificate's identity and `x-client-id` is ignored. When
+    /// true, `x-client-id` is still accepted, but only when it equals that identity.
+    pub allow_client_id_header: bool,
+}
 
 /// Metadata naming the calling client; scopes idempotency keys.
 pub use checkout_proto::metadata::X_CLIENT_ID;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::Reason;
-use crate::config::RetryAfterPolicy;
+use super::RetryAfterPolicy;
 use crate::downstream::HoldId;
 use crate::store::{Decision, JobKind, Money, NewJob, OrderRecord, OrderStatus};
 

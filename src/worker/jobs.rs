@@ -7,11 +7,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
+use super::Settings;
 use crate::budget::{Budgeter, Step};
 use crate::checkout::{
     Exposure, Held, Reason, Reconciled, Rules, StepCalls, Stop, Tried, Unsettled, Verdict,
 };
-use crate::config::Config;
 use crate::deadline::{Deadline, now_ms};
 use crate::downstream::{CallClass, CallError, Downstreams};
 use crate::store::{JobKind, Money, OrderRecord, OrderStatus, OrderStore, Phase, TimeLimit};
@@ -110,7 +110,7 @@ pub struct JobAttempt<'a> {
     /// The store.
     pub store: &'a dyn OrderStore,
     /// Policy.
-    pub config: &'a Config,
+    pub settings: &'a Settings,
     /// Budgets.
     pub budgeter: &'a Budgeter,
     /// This attempt's deadline (`worker.attempt_timeout`).
@@ -171,7 +171,7 @@ impl<'a> JobAttempt<'a> {
 
     /// The steps of [`JobAttempt::drive`], decided by the worker's [`Rules`].
     async fn drive_steps(&self, order: &OrderRecord) -> Result<Verdict, Halt> {
-        let rules = Rules::worker(self.config);
+        let rules = Rules::worker(self.settings.retry_after);
         // An earlier attempt may have reserved stock, and — once HOLD_SENT was recorded —
         // placed the hold: a decline releases both.
         let exposure = Exposure {
@@ -199,7 +199,7 @@ impl<'a> JobAttempt<'a> {
                     &o.order_id,
                     &total,
                     now_ms(),
-                    TimeLimit(self.config.store.background_timeout),
+                    TimeLimit(self.settings.store_timeout),
                 )
                 .await
                 .map_err(|e| JobError::Transient(format!("recording HOLD_SENT: {e}")))?;
@@ -220,8 +220,12 @@ impl<'a> JobAttempt<'a> {
             .hold(&budget, self.stop, &total)
             .await
             .outcome;
-        let verdict =
-            Rules::worker(self.config).hold(Tried::Sent(outcome), total, fraud_review, false)?;
+        let verdict = Rules::worker(self.settings.retry_after).hold(
+            Tried::Sent(outcome),
+            total,
+            fraud_review,
+            false,
+        )?;
         Ok(verdict)
     }
 
@@ -237,7 +241,7 @@ impl<'a> JobAttempt<'a> {
             .score(&budget, self.stop, &held.total)
             .await
             .outcome;
-        let verdict = Rules::worker(self.config).rescored(fraud, held)?;
+        let verdict = Rules::worker(self.settings.retry_after).rescored(fraud, held)?;
         Ok(Handled::Done(Some(verdict)))
     }
 
@@ -250,8 +254,8 @@ impl<'a> JobAttempt<'a> {
         }
         let budget = self.budget(Step::WalletLookup)?;
         let looked = self.calls(order).lookup(&budget, self.stop).await.outcome;
-        let rules = Rules::worker(self.config);
-        match rules.reconcile(order, looked, self.config.worker.settle_window, now_ms()) {
+        let rules = Rules::worker(self.settings.retry_after);
+        match rules.reconcile(order, looked, self.settings.worker.settle_window, now_ms()) {
             Reconciled::Done => Ok(Handled::Done(None)),
             Reconciled::Decided(verdict) => Ok(Handled::Done(Some(verdict))),
             Reconciled::Release => {
