@@ -24,7 +24,10 @@
 //! - [`config`]: every policy number, with the spec's defaults.
 //! - [`admin`]: the admin HTTP port (`/metrics`, `/healthz`, `/readyz`).
 //! - [`tls`]: server and downstream TLS, and the caller identity a client certificate gives.
-//! - [`cli`]: the `checkout` subcommands; [`proto`]: the generated code (`checkout-proto`).
+//! - [`proto`]: the generated code (`checkout-proto`).
+//!
+//! The `checkout` subcommands are the binary's own (`src/main.rs` and its `cli/` modules): the
+//! library holds the service, not its command line.
 //!
 //! Beside it, in the workspace's `crates/`: `checkout-proto` (generated gRPC types of
 //! `proto/` and the deadline metadata), `checkout-telemetry` (logs, trace export, metrics, the
@@ -35,7 +38,6 @@ pub mod admin;
 pub mod admission;
 pub mod budget;
 pub mod checkout;
-pub mod cli;
 pub mod config;
 pub mod deadline;
 pub mod downstream;

@@ -1,8 +1,11 @@
 //! The `checkout` binary: `demo`, `serve`, `stubs`, `place`, `loadgen`, `bare`, `scenario`,
 //! `health`, `migrate`.
-//! Thin: parsing and wiring live in `checkout::cli`.
+//! Thin: parsing and wiring live in `cli/`, the binary's own modules (the service's library
+//! holds no command line).
 
 use clap::Parser;
+
+mod cli;
 
 /// mimalloc instead of glibc's malloc: a third of serve's self time was in glibc's allocator
 /// (docs/benchmarks.md), and its per-thread arenas kept growing under the blocking pool.
@@ -27,7 +30,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<std::process::ExitCode> {
-    let cli = checkout::cli::Cli::parse();
+    let cli = cli::Cli::parse();
     if let Err(error) = disable_transparent_huge_pages() {
         eprintln!("warning: transparent huge pages stay on: {error}");
     }
@@ -39,7 +42,7 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
         .max_blocking_threads(BLOCKING_THREADS)
         .enable_all()
         .build()?;
-    runtime.block_on(checkout::cli::run(cli))
+    runtime.block_on(cli::run(cli))
 }
 
 /// Turns transparent huge pages (THP) off for this process, unless `MIMALLOC_ALLOW_THP` is set
