@@ -1469,12 +1469,15 @@ mod sqlite_file {
             .expect("second connection");
         other.execute("BEGIN IMMEDIATE").await.expect("lock");
 
-        // A write with a long limit takes the writer first and waits for the lock.
-        let ahead = {
-            let store = Arc::clone(&store);
-            tokio::spawn(async move { store.begin(&new_order("o-2", 0), 5_000, LIMIT).await })
-        };
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A write with a long limit takes the writer first and waits for the lock. Polled once,
+        // it is in the writer's queue (the queue has room, so its send completes at once), and
+        // the queue is first in, first out: the late write below is queued behind it.
+        let o2 = new_order("o-2", 0);
+        let mut ahead = std::pin::pin!(store.begin(&o2, 5_000, LIMIT));
+        assert!(
+            futures::poll!(&mut ahead).is_pending(),
+            "the write ahead waits for the lock"
+        );
         let started = std::time::Instant::now();
         let late = store
             .record_hold_intent("o-1", &usd(1), 10, TimeLimit(Duration::from_millis(100)))
@@ -1491,7 +1494,7 @@ mod sqlite_file {
 
         tokio::time::sleep(Duration::from_millis(100)).await;
         other.execute("ROLLBACK").await.expect("unlock");
-        let begun = ahead.await.expect("task").expect("the write ahead commits");
+        let begun = ahead.await.expect("the write ahead commits");
         assert!(matches!(begun, Begin::Created(_)), "{begun:?}");
         // One more write through the writer, so anything still queued has been seen.
         create(&*store, "o-3", 100).await;

@@ -18,6 +18,9 @@ pub mod op_834;
 pub mod payrail_night;
 pub mod retry_tax;
 pub mod rig;
+// The workspace's one poll helper (it needs nothing but tokio), which the rig waits through.
+#[path = "../../../../tests/common/poll.rs"]
+mod poll;
 pub mod samples;
 pub mod surge;
 
