@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use super::step_calls::{Cart, Fraud, Lookup, Stock};
-use super::{Held, Reason, Verdict, millis};
+use super::{Held, Reason, Verdict};
+use crate::deadline::millis;
 use serde::Deserialize;
 
 use super::RetryAfterPolicy;

@@ -41,7 +41,7 @@ use super::{
 };
 use crate::admission::{AdaptiveLimiter, AdmissionPolicy, Permit};
 use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
-use crate::deadline::{Deadline, DeadlinePolicy, now_ms};
+use crate::deadline::{Deadline, DeadlinePolicy, millis, now_ms};
 use crate::downstream::operation_context;
 use crate::downstream::{Downstreams, HoldOutcome};
 use crate::proto::inventory::v1 as inventory;
@@ -713,9 +713,4 @@ fn idempotency(
         Err(_) => return Vec::new(),
     };
     vec![opentelemetry::KeyValue::new("checkout.idempotency", value)]
-}
-
-/// A duration in whole milliseconds, saturating.
-pub fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

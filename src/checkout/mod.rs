@@ -16,12 +16,11 @@ pub use decide::{
     Exposure, FraudOnTimeout, FraudPolicy, Inconsistency, Next, Path, Reconciled, Rules, Settled,
     Stop, Tried, Unsettled, looked_up, reason_for_rejection,
 };
-pub use error::{CheckoutError, ERROR_DOMAIN, Overload, X_DEADLINE_EXCEEDED};
-pub use flow::{Orchestrator, Placed, Settings, millis};
+pub use error::{CheckoutError, ERROR_DOMAIN, FieldViolation, Overload, X_DEADLINE_EXCEEDED};
+pub use flow::{Orchestrator, Placed, Settings};
 pub use reason::{Reason, RetryAfterPolicy};
 pub use request::{
-    AuthPolicy, FieldViolation, OrderRequest, X_CLIENT_ID, caller_scope, is_key, is_order_id,
-    new_order_id, scope,
+    AuthPolicy, OrderRequest, X_CLIENT_ID, caller_scope, is_key, is_order_id, new_order_id, scope,
 };
 pub use service::{CheckoutApi, order_to_proto};
 pub use step_calls::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock, frozen_cart};

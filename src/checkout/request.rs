@@ -6,6 +6,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 
+use super::{CheckoutError, FieldViolation};
 use crate::proto::checkout::v1 as pb;
 use crate::store::{Money, NewOrder};
 use crate::tls::peer_identity;
@@ -21,25 +22,6 @@ pub struct AuthPolicy {
 
 /// Metadata naming the calling client; scopes idempotency keys.
 pub use checkout_proto::metadata::X_CLIENT_ID;
-
-/// One invalid field and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldViolation {
-    /// The field (or metadata key) at fault.
-    pub field: String,
-    /// What is wrong, for a human.
-    pub description: String,
-}
-
-impl FieldViolation {
-    /// A violation of `field`.
-    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            description: description.into(),
-        }
-    }
-}
 
 /// A validated PlaceOrder request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +54,7 @@ pub fn caller_scope<T>(
     request: &tonic::Request<T>,
     auth: &AuthPolicy,
     violations: &mut Vec<FieldViolation>,
-) -> Result<String, super::CheckoutError> {
+) -> Result<String, CheckoutError> {
     let certified = request
         .peer_certs()
         .and_then(|certs| certs.first().and_then(|leaf| peer_identity(leaf)));
@@ -87,7 +69,7 @@ pub fn caller_scope<T>(
             .iter()
             .any(|claimed| claimed.to_str().ok() != Some(identity.as_str()))
     {
-        return Err(super::CheckoutError::ClientIdMismatch);
+        return Err(CheckoutError::ClientIdMismatch);
     }
     Ok(format!("{identity}:checkout"))
 }

@@ -44,7 +44,6 @@ mod group;
 mod health;
 mod memory;
 mod postgres;
-mod reason;
 mod records;
 mod schema;
 mod sql;
@@ -53,10 +52,9 @@ mod sqlite;
 pub use health::StoreHealth;
 pub use memory::MemoryStore;
 pub use postgres::{Pooler, PostgresStore};
-pub use reason::Reason;
 pub use records::{
     Begin, Claimed, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewJob, NewOrder,
-    OrderRecord, OrderStatus, ParkedJob, Phase, StoreError, TimeLimit,
+    OrderRecord, OrderStatus, ParkedJob, Phase, Reason, StoreError, TimeLimit,
 };
 pub use sqlite::{SqliteStore, SqliteSynchronous, limit_memory as limit_sqlite_memory};
 

@@ -37,8 +37,7 @@ pub use retry_budget::{RetryBudget, RetryBudgetPolicy};
 
 use crate::admission::AdaptiveLimiter;
 use crate::budget::Budgeter;
-use crate::checkout::millis;
-use crate::deadline::{Deadline, now_ms};
+use crate::deadline::{Deadline, millis, now_ms};
 use crate::downstream::Downstreams;
 use crate::store::{
     Claimed, Failure, Job, JobKind, JobOutcome, OrderRecord, OrderStatus, OrderStore,

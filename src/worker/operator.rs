@@ -9,7 +9,8 @@ use tonic::{Request, Response, Status};
 
 use super::RetryBudget;
 use crate::checkout::RetryAfterPolicy;
-use crate::checkout::{CheckoutError, FieldViolation, is_order_id, millis};
+use crate::checkout::{CheckoutError, FieldViolation, is_order_id};
+use crate::deadline::millis;
 use crate::deadline::now_ms;
 use crate::proto::checkout::v1::{
     self as pb, operator_service_server::OperatorService, retry_parked_jobs_request::Target,
