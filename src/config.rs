@@ -638,8 +638,9 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// The defaults are the design's (docs/design.md §8) and pass validation.
     #[test]
-    fn defaults_match_the_spec_and_validate() {
+    fn defaults_match_the_design_and_validate() {
         let c = Config::default();
         c.validate().expect("defaults are valid");
         assert_eq!(c.deadline.server_budget_max, Duration::from_millis(2400));

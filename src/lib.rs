@@ -21,7 +21,8 @@
 //! - [`worker`]: the one layer that retries — leased jobs, backoff, the retry budget,
 //!   reconciliation, parking, retention — and the operator API.
 //! - [`server`]: wiring of one orchestrator process and its graceful shutdown.
-//! - [`config`]: every policy number, with the spec's defaults.
+//! - [`config`]: every policy number, with the design's defaults (docs/design.md §8), gathered
+//!   from the modules that use them.
 //! - [`admin`]: the admin HTTP port (`/metrics`, `/healthz`, `/readyz`).
 //! - [`tls`]: server and downstream TLS, and the caller identity a client certificate gives.
 //! - [`proto`]: the generated code (`checkout-proto`).

@@ -53,8 +53,8 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
 /// first touch faults in a whole 2 MiB page, zeroed by the kernel on the faulting thread. In a
 /// surge both tokio workers spent 20-65 ms at a time doing that (`clear_page_erms` under
 /// `do_huge_pmd_anonymous_page` in `perf record`), every task stalled, and the refusals meant
-/// to be answered at once waited 45-70 ms; without THP, 12-16 ms (docs/benchmarks.md, issue
-/// 9). The cost would be TLB misses; side by side at 1,100/s it did not show (CPU per order
+/// to be answered at once waited 45-70 ms; without THP, 12-16 ms (docs/benchmarks.md, "Runtime
+/// stalls from transparent huge pages"). The cost would be TLB misses; side by side at 1,100/s it did not show (CPU per order
 /// and saturation within the rounds' spread, RSS a fifth lower).
 #[cfg(target_os = "linux")]
 fn disable_transparent_huge_pages() -> std::io::Result<()> {
