@@ -29,7 +29,10 @@
 //!   commit); `sql.rs`: statements and row decoding both SQL backends share; `bounded.rs`: the
 //!   time bound of one call and how its failure is classified; `health.rs`: the flag PlaceOrder
 //!   reads before admission, set by the store watch's probe; `schema.rs`: the embedded
-//!   migrations (`migrations/sqlite/`, `migrations/postgres/`), applied at open.
+//!   migrations (`migrations/sqlite/`, `migrations/postgres/`), applied at open;
+//!   `records.rs`: the records, their codes parsed into types where a row is read (status,
+//!   phase, [`Reason`], job kind), and the store's errors. [`StoreConfig`] (`[store]`) and
+//!   [`open`] are here.
 //!
 //! Durability is per call: a write that returned Ok has committed (with `synchronous = FULL`
 //! on SQLite, and PostgreSQL's default `synchronous_commit`, it survives a crash). The durable
