@@ -1,5 +1,12 @@
-//! Configuration: every policy number of the service, with the defaults of docs/design.md §8, loaded from
-//! TOML and validated before any port is bound.
+//! Configuration: every policy number of the service, with the defaults of docs/design.md §8,
+//! gathered into one [`Config`], loaded from TOML and validated before any port is bound.
+//!
+//! Each table's type lives with the code that reads it (`[worker]` in `worker/`, `[store]` in
+//! `store/`, `[fraud]` in `checkout/decide.rs`, …) and is re-exported here; those modules are
+//! given their settings ([`Config::checkout_settings`], [`Config::worker_settings`],
+//! [`Config::downstream_settings`]) and never see a `Config`, so nothing below this module
+//! imports it. What only the process wiring reads (`server.rs` and the commands, which take the
+//! whole `Config`) is defined here: `listen`, `admin_listen`, `shutdown_grace` and `[server]`.
 //!
 //! Every key of every table is optional, and a key left out keeps its table's default: each
 //! table is read over its own defaults, key by key (each `[steps.<step>]` over that step's
@@ -10,10 +17,13 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use serde::Deserialize;
 
 pub use crate::admission::AdmissionPolicy;
+pub use crate::checkout::{AuthPolicy, FraudOnTimeout, FraudPolicy, RetryAfterPolicy};
 pub use crate::deadline::DeadlinePolicy;
 pub use crate::downstream::{BreakerPolicy, DownstreamAddrs, HedgePolicy};
 pub use crate::steps::{HEDGEABLE, StepPolicy, Steps};
+pub use crate::store::{Pooler, SqliteSynchronous, StoreConfig, redact_url};
 pub use crate::tls::{DownstreamTlsConfig, TlsConfig};
+pub use crate::worker::{IdempotencyPolicy, RetryBudgetPolicy, WorkerPolicy};
 
 /// Why a configuration was refused. Each message says everything once: the file, where in it
 /// and which key, and what is wrong (no inner error is repeated as a cause).
@@ -226,187 +236,6 @@ impl std::fmt::Display for AdminListen {
     }
 }
 
-/// What happens when fraud times out or is unavailable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FraudOnTimeout {
-    /// Proceed to the hold; answer PENDING `FRAUD_REVIEW`; the worker re-scores.
-    Review,
-    /// Decline the order (retryable: nothing was applied).
-    Decline,
-}
-
-/// `fraud.*` keys.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FraudPolicy {
-    /// See [`FraudOnTimeout`].
-    pub on_timeout: FraudOnTimeout,
-}
-
-impl Default for FraudPolicy {
-    fn default() -> Self {
-        Self {
-            on_timeout: FraudOnTimeout::Review,
-        }
-    }
-}
-
-/// `retry_after.*` keys (docs/design.md §8).
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetryAfterPolicy {
-    /// After a downstream was unavailable or timed out.
-    #[serde(with = "humantime_serde")]
-    pub unavailable: Duration,
-    /// While an order is in flight or pending.
-    #[serde(with = "humantime_serde")]
-    pub pending: Duration,
-}
-
-impl Default for RetryAfterPolicy {
-    fn default() -> Self {
-        Self {
-            unavailable: Duration::from_secs(2),
-            pending: Duration::from_secs(1),
-        }
-    }
-}
-
-/// `worker.*` keys.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WorkerPolicy {
-    /// Deadline of each job attempt's downstream call.
-    #[serde(with = "humantime_serde")]
-    pub attempt_timeout: Duration,
-    /// Exponential backoff base (full jitter).
-    #[serde(with = "humantime_serde")]
-    pub backoff_base: Duration,
-    /// Exponential backoff cap.
-    #[serde(with = "humantime_serde")]
-    pub backoff_cap: Duration,
-    /// Definitive rejections after which a job is parked for an operator. Transient failures
-    /// (unavailable, ambiguous, timed out) never count: see `park_after`.
-    pub max_attempts: u32,
-    /// How long a job may fail transiently (and nothing else) before it is parked: long enough
-    /// that any outage the downstreams recover from is waited out.
-    #[serde(with = "humantime_serde")]
-    pub park_after: Duration,
-    /// How long a claimed job belongs to one worker before another may take it.
-    #[serde(with = "humantime_serde")]
-    pub lease: Duration,
-    /// How often the worker looks for due jobs when idle.
-    #[serde(with = "humantime_serde")]
-    pub poll_interval: Duration,
-    /// Jobs worked at once by one process.
-    pub concurrency: usize,
-    /// How long after an unknown wallet outcome the reconciler waits before re-sending the hold.
-    #[serde(with = "humantime_serde")]
-    pub settle_window: Duration,
-    /// How long after its deadline an undecided order is taken over by the worker.
-    #[serde(with = "humantime_serde")]
-    pub takeover_grace: Duration,
-    /// How often terminal records past retention are purged.
-    #[serde(with = "humantime_serde")]
-    pub purge_interval: Duration,
-}
-
-impl Default for WorkerPolicy {
-    fn default() -> Self {
-        Self {
-            attempt_timeout: Duration::from_secs(2),
-            backoff_base: Duration::from_millis(200),
-            backoff_cap: Duration::from_secs(30),
-            max_attempts: 20,
-            park_after: Duration::from_secs(24 * 3600),
-            lease: Duration::from_secs(10),
-            poll_interval: Duration::from_millis(100),
-            concurrency: 64,
-            settle_window: Duration::from_secs(2),
-            takeover_grace: Duration::from_secs(2),
-            purge_interval: Duration::from_secs(60),
-        }
-    }
-}
-
-/// `retry_budget.*` keys (the retry-tax arithmetic of docs/design.md §6; tower's `TpsBudget`).
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetryBudgetPolicy {
-    /// Retries allowed as a percentage of first attempts.
-    pub percent: f64,
-    /// Window over which first attempts are counted.
-    #[serde(with = "humantime_serde")]
-    pub window: Duration,
-    /// Retries per second allowed regardless of traffic.
-    pub floor_per_second: u32,
-}
-
-impl Default for RetryBudgetPolicy {
-    fn default() -> Self {
-        Self {
-            percent: 8.0,
-            window: Duration::from_secs(10),
-            floor_per_second: 10,
-        }
-    }
-}
-
-/// `idempotency.*` keys.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct IdempotencyPolicy {
-    /// How long a terminal order (and so its idempotency key) is kept.
-    #[serde(with = "humantime_serde")]
-    pub retention: Duration,
-}
-
-impl Default for IdempotencyPolicy {
-    fn default() -> Self {
-        Self {
-            retention: Duration::from_secs(48 * 3600),
-        }
-    }
-}
-
-/// How SQLite makes commits durable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SqliteSynchronous {
-    /// fsync on every commit: survives power loss.
-    Full,
-    /// fsync at checkpoints only: survives a process crash, may lose the last commits on power loss.
-    Normal,
-}
-
-/// What stands between the service and PostgreSQL (`store.pooler`).
-///
-/// Nothing the store does relies on session state (timeouts are `SET LOCAL` in each
-/// transaction, no settings are sent at connect), so it runs through a pooler in either mode;
-/// what differs is whether the server keeps a statement prepared on one transaction for the
-/// next, which a transaction pooler (PgBouncer's `pool_mode = transaction`) does not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Pooler {
-    /// Direct connections: statements are prepared once per connection and kept.
-    #[default]
-    None,
-    /// A session pooler: each client connection keeps one server connection, so prepared
-    /// statements are kept as with `none`.
-    Session,
-    /// A transaction pooler: each transaction may run on another server connection, so
-    /// statements are sent unnamed (parsed for each execution) and never kept.
-    Transaction,
-}
-
-impl Pooler {
-    /// Whether statements may be prepared once and kept on the connection.
-    pub fn keeps_prepared_statements(self) -> bool {
-        !matches!(self, Self::Transaction)
-    }
-}
-
 /// `server.*` keys: limits of the gRPC server and its HTTP/2 connections.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -463,90 +292,6 @@ impl Default for ServerPolicy {
     }
 }
 
-/// `auth.*` keys: who a caller is.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AuthPolicy {
-    /// With mTLS, a caller is its certificate's identity and `x-client-id` is ignored. When
-    /// true, `x-client-id` is still accepted, but only when it equals that identity.
-    pub allow_client_id_header: bool,
-}
-
-/// `store.*` keys. Its `Debug` hides the database password.
-#[derive(Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StoreConfig {
-    /// Directory of the embedded SQLite database (`checkout.db`).
-    pub data_dir: PathBuf,
-    /// A `postgres://` URL selects PostgreSQL instead of SQLite.
-    pub database_url: Option<String>,
-    /// Keeps orders and jobs in this process's memory only (`serve --memory-store`): nothing
-    /// survives the process, so a restart forgets every order, idempotency key and pending
-    /// capture. For benchmarks (`bench/run`'s serve-memory lane) and trying things out, never
-    /// for real orders. Excludes `database_url`.
-    pub in_memory: bool,
-    /// SQLite durability.
-    pub sqlite_synchronous: SqliteSynchronous,
-    /// Cap, in MiB, on the memory SQLite keeps in this process (its page caches above all:
-    /// every connection fills its own with the pages it touched, more of them as the file
-    /// grows). Applied as SQLite's soft heap limit:
-    /// past it SQLite reuses cached pages instead of allocating; an evicted page is read again
-    /// from the operating system's cache.
-    pub sqlite_memory_limit_mib: u32,
-    /// Connections in the pool (PostgreSQL; SQLite readers).
-    pub max_connections: u32,
-    /// Bound on store calls made outside a request (worker, GetOrder, startup).
-    #[serde(with = "humantime_serde")]
-    pub background_timeout: Duration,
-    /// Kept back from the remaining budget for PostgreSQL's `statement_timeout`.
-    #[serde(with = "humantime_serde")]
-    pub statement_guard: Duration,
-    /// How often a small write proves the store still accepts writes; health turns
-    /// NOT_SERVING while it does not.
-    #[serde(with = "humantime_serde")]
-    pub probe_interval: Duration,
-    /// The connection pooler in front of PostgreSQL, if any (`none`, `session`,
-    /// `transaction`).
-    pub pooler: Pooler,
-}
-
-impl std::fmt::Debug for StoreConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreConfig")
-            .field("data_dir", &self.data_dir)
-            .field(
-                "database_url",
-                &self.database_url.as_deref().map(redact_url),
-            )
-            .field("in_memory", &self.in_memory)
-            .field("sqlite_synchronous", &self.sqlite_synchronous)
-            .field("sqlite_memory_limit_mib", &self.sqlite_memory_limit_mib)
-            .field("max_connections", &self.max_connections)
-            .field("background_timeout", &self.background_timeout)
-            .field("statement_guard", &self.statement_guard)
-            .field("probe_interval", &self.probe_interval)
-            .field("pooler", &self.pooler)
-            .finish()
-    }
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        Self {
-            data_dir: PathBuf::from("data"),
-            database_url: None,
-            in_memory: false,
-            sqlite_synchronous: SqliteSynchronous::Full,
-            sqlite_memory_limit_mib: 16,
-            max_connections: 16,
-            background_timeout: Duration::from_secs(5),
-            statement_guard: Duration::from_millis(5),
-            probe_interval: Duration::from_secs(5),
-            pooler: Pooler::None,
-        }
-    }
-}
-
 impl Config {
     /// Reads and validates a TOML file; keys not in the file keep their defaults.
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
@@ -583,6 +328,33 @@ impl Config {
             breaker: &self.breaker,
             hedge: &self.hedge,
             min_to_send: self.deadline.min_to_send,
+        }
+    }
+
+    /// What the request path is built from.
+    pub fn checkout_settings(&self) -> crate::checkout::Settings {
+        crate::checkout::Settings {
+            deadline: self.deadline,
+            steps: self.steps,
+            admission: self.admission,
+            fraud: self.fraud,
+            retry_after: self.retry_after,
+            auth: self.auth,
+            takeover_grace: self.worker.takeover_grace,
+            store_timeout: self.store.background_timeout,
+        }
+    }
+
+    /// What the worker is built from.
+    pub fn worker_settings(&self) -> crate::worker::Settings {
+        crate::worker::Settings {
+            deadline: self.deadline,
+            steps: self.steps,
+            worker: self.worker,
+            retry_budget: self.retry_budget,
+            idempotency: self.idempotency,
+            retry_after: self.retry_after,
+            store_timeout: self.store.background_timeout,
         }
     }
 
@@ -866,34 +638,13 @@ impl Config {
     }
 }
 
-/// `url` with its password (if any) replaced by `***`, for messages and logs.
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &rest[..at];
-    match userinfo.find(':') {
-        Some(colon) => format!(
-            "{}{}:***{}",
-            &url[..scheme_end + 3],
-            &userinfo[..colon],
-            &rest[at..]
-        ),
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The defaults are the design's (docs/design.md §8) and pass validation.
     #[test]
-    fn defaults_match_the_spec_and_validate() {
+    fn defaults_match_the_design_and_validate() {
         let c = Config::default();
         c.validate().expect("defaults are valid");
         assert_eq!(c.deadline.server_budget_max, Duration::from_millis(2400));

@@ -21,10 +21,14 @@
 //! - [`worker`]: the one layer that retries — leased jobs, backoff, the retry budget,
 //!   reconciliation, parking, retention — and the operator API.
 //! - [`server`]: wiring of one orchestrator process and its graceful shutdown.
-//! - [`config`]: every policy number, with the spec's defaults.
+//! - [`config`]: every policy number, with the design's defaults (docs/design.md §8), gathered
+//!   from the modules that use them.
 //! - [`admin`]: the admin HTTP port (`/metrics`, `/healthz`, `/readyz`).
 //! - [`tls`]: server and downstream TLS, and the caller identity a client certificate gives.
-//! - [`cli`]: the `checkout` subcommands; [`proto`]: the generated code (`checkout-proto`).
+//! - [`proto`]: the generated code (`checkout-proto`).
+//!
+//! The `checkout` subcommands are the binary's own (`src/main.rs` and its `cli/` modules): the
+//! library holds the service, not its command line.
 //!
 //! Beside it, in the workspace's `crates/`: `checkout-proto` (generated gRPC types of
 //! `proto/` and the deadline metadata), `checkout-telemetry` (logs, trace export, metrics, the
@@ -35,7 +39,6 @@ pub mod admin;
 pub mod admission;
 pub mod budget;
 pub mod checkout;
-pub mod cli;
 pub mod config;
 pub mod deadline;
 pub mod downstream;

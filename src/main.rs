@@ -1,8 +1,11 @@
 //! The `checkout` binary: `demo`, `serve`, `stubs`, `place`, `loadgen`, `bare`, `scenario`,
 //! `health`, `migrate`.
-//! Thin: parsing and wiring live in `checkout::cli`.
+//! Thin: parsing and wiring live in `cli/`, the binary's own modules (the service's library
+//! holds no command line).
 
 use clap::Parser;
+
+mod cli;
 
 /// mimalloc instead of glibc's malloc: a third of serve's self time was in glibc's allocator
 /// (docs/benchmarks.md), and its per-thread arenas kept growing under the blocking pool.
@@ -27,7 +30,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<std::process::ExitCode> {
-    let cli = checkout::cli::Cli::parse();
+    let cli = cli::Cli::parse();
     if let Err(error) = disable_transparent_huge_pages() {
         eprintln!("warning: transparent huge pages stay on: {error}");
     }
@@ -39,7 +42,7 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
         .max_blocking_threads(BLOCKING_THREADS)
         .enable_all()
         .build()?;
-    runtime.block_on(checkout::cli::run(cli))
+    runtime.block_on(cli::run(cli))
 }
 
 /// Turns transparent huge pages (THP) off for this process, unless `MIMALLOC_ALLOW_THP` is set
@@ -50,8 +53,8 @@ fn run() -> anyhow::Result<std::process::ExitCode> {
 /// first touch faults in a whole 2 MiB page, zeroed by the kernel on the faulting thread. In a
 /// surge both tokio workers spent 20-65 ms at a time doing that (`clear_page_erms` under
 /// `do_huge_pmd_anonymous_page` in `perf record`), every task stalled, and the refusals meant
-/// to be answered at once waited 45-70 ms; without THP, 12-16 ms (docs/benchmarks.md, issue
-/// 9). The cost would be TLB misses; side by side at 1,100/s it did not show (CPU per order
+/// to be answered at once waited 45-70 ms; without THP, 12-16 ms (docs/benchmarks.md, "Runtime
+/// stalls from transparent huge pages"). The cost would be TLB misses; side by side at 1,100/s it did not show (CPU per order
 /// and saturation within the rounds' spread, RSS a fifth lower).
 #[cfg(target_os = "linux")]
 fn disable_transparent_huge_pages() -> std::io::Result<()> {

@@ -156,14 +156,18 @@ async fn serve_probed(
         .map(|tls| tls.server("tls"))
         .transpose()?;
     let orchestrator = Arc::new(Orchestrator::new(
-        Arc::clone(&config),
+        config.checkout_settings(),
         downstreams.clone(),
         Arc::clone(&store),
         Arc::clone(readiness.store_health()),
     ));
     let worker = Arc::new(
-        Worker::new(Arc::clone(&config), downstreams.clone(), Arc::clone(&store))
-            .yielding_to(orchestrator.limiter().clone()),
+        Worker::new(
+            config.worker_settings(),
+            downstreams.clone(),
+            Arc::clone(&store),
+        )
+        .yielding_to(orchestrator.limiter().clone()),
     );
 
     let mut routes = RoutesBuilder::default();
@@ -185,7 +189,7 @@ async fn serve_probed(
                 Arc::clone(&store),
                 worker.retry_budgets(),
                 worker.claims(),
-                Arc::clone(&config),
+                config.retry_after,
             ))
             .max_decoding_message_size(max_message),
         );
@@ -433,5 +437,34 @@ impl Running {
     /// Waits until the server ends on its own (for `demo`, which stops on a signal).
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
+    }
+}
+
+/// Resolves on the first SIGINT (Ctrl-C) or SIGTERM: the shutdown signal every server command
+/// of the workspace passes to its `serve`.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
     }
 }

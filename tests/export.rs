@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use checkout::proto::checkout::v1 as pb;
 use checkout_telemetry::{Batching, Export, LogFormat, LogWriter, MetricsPush, metrics};
@@ -66,11 +66,14 @@ async fn a_collector_that_never_answers_costs_spans_not_orders() {
         slowest < Duration::from_secs(1),
         "slowest order took {slowest:?}"
     );
-    let until = Instant::now() + Duration::from_secs(10);
-    while dropped() <= before && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(dropped() > before, "no dropped span counted");
+    common::poll_until(
+        "the dropped-spans counter",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { dropped() },
+        |now| *now > before,
+    )
+    .await;
     drop(black_hole);
 }
 
@@ -185,20 +188,18 @@ async fn metrics_are_pushed_over_otlp_and_a_missing_collector_is_only_counted() 
     // Other tests of this binary confirm orders too: the push must show at least what the
     // registry held after ours.
     let expected = confirmed_now();
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        match collector.confirmed() {
-            Some((n, service)) if n >= expected => {
-                assert_eq!(service, "checkout");
-                break;
-            }
-            seen => assert!(
-                Instant::now() < until,
-                "no push with {expected} CONFIRMED orders; last seen {seen:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let pushed = common::poll_until(
+        &format!("a push with {expected} CONFIRMED orders"),
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { collector.confirmed() },
+        |seen| seen.as_ref().is_some_and(|(n, _)| *n >= expected),
+    )
+    .await;
+    assert_eq!(
+        pushed.map(|(_, service)| service).as_deref(),
+        Some("checkout")
+    );
 
     stop_collector.cancel();
     serving.await.unwrap().unwrap();
@@ -216,10 +217,13 @@ async fn metrics_are_pushed_over_otlp_and_a_missing_collector_is_only_counted() 
         )
         .await;
     assert_eq!(order.status(), pb::OrderStatus::Confirmed, "{order:?}");
-    let until = Instant::now() + Duration::from_secs(10);
-    while failed() <= before {
-        assert!(Instant::now() < until, "no failed push counted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::poll_until(
+        "the failed-pushes counter",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { failed() },
+        |now| *now > before,
+    )
+    .await;
     telemetry.shutdown().await;
 }

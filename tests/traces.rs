@@ -219,18 +219,20 @@ async fn worker_job_spans_link_to_the_orders_trace() {
     .expect("placed");
     assert_eq!(order.status(), pb::OrderStatus::Confirmed, "{order:?}");
     // Jobs run after the caller's deadline; wait for the capture's span.
-    let until = std::time::Instant::now() + ARRIVAL;
-    let capture = loop {
-        let found = collector.all().into_iter().find(|s| {
-            s.name == "job wallet_capture"
-                && s.text("checkout.order_id") == Some(order.order_id.as_str())
-        });
-        if let Some(span) = found {
-            break span;
-        }
-        assert!(std::time::Instant::now() < until, "no capture job span");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let capture = common::poll_until(
+        "the capture job's span",
+        ARRIVAL,
+        Duration::from_millis(50),
+        || async {
+            collector.all().into_iter().find(|s| {
+                s.name == "job wallet_capture"
+                    && s.text("checkout.order_id") == Some(order.order_id.as_str())
+            })
+        },
+        Option::is_some,
+    )
+    .await
+    .expect("found");
     assert_ne!(
         capture.trace_id, trace,
         "a job attempt is a trace of its own"

@@ -1,16 +1,48 @@
 //! What the facts of an order mean: pure functions from the step answers (frozen cart against
-//! the expected total, fraud verdict, inventory result, hold outcome) to the verdict and the
-//! follow-up jobs to write. The request path (`flow.rs`) and the worker (`worker/jobs.rs`)
-//! both decide through [`Rules`], so they cannot disagree about what an answer means; they
-//! differ only where [`Path`] says so: a step without a definitive answer decides the order on
-//! the request path, which never retries, and is tried again by the worker.
+//! the expected total, fraud verdict, inventory result, hold outcome, the reconciler's lookup by
+//! reference) to the verdict and the follow-up jobs to write. The request path (`flow.rs`) and
+//! the worker (`worker/jobs.rs`) both decide through [`Rules`], so they cannot disagree about
+//! what an answer means; they differ only where [`Path`] says so: a step without a definitive
+//! answer decides the order on the request path, which never retries, and is tried again by the
+//! worker.
 
-use super::steps::{Cart, Fraud, Lookup, Stock};
+use std::time::Duration;
+
+use super::step_calls::{Cart, Fraud, Lookup, Stock};
 use super::{Held, Reason, Verdict};
-use crate::config::{Config, FraudOnTimeout, RetryAfterPolicy};
+use crate::deadline::millis;
+use serde::Deserialize;
+
+use super::RetryAfterPolicy;
 use crate::downstream::{CallClass, CallError, HoldId, HoldOutcome, HoldRejection};
 use crate::proto::{inventory::v1 as inventory, wallet::v1 as wallet};
-use crate::store::{JobKind, Money};
+use crate::store::{JobKind, Money, OrderRecord, OrderStatus};
+
+/// What happens when fraud times out or is unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FraudOnTimeout {
+    /// Proceed to the hold; answer PENDING `FRAUD_REVIEW`; the worker re-scores.
+    Review,
+    /// Decline the order (retryable: nothing was applied).
+    Decline,
+}
+
+/// `fraud.*` keys.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FraudPolicy {
+    /// See [`FraudOnTimeout`].
+    pub on_timeout: FraudOnTimeout,
+}
+
+impl Default for FraudPolicy {
+    fn default() -> Self {
+        Self {
+            on_timeout: FraudOnTimeout::Review,
+        }
+    }
+}
 
 /// Who decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +123,50 @@ impl Unsettled {
     }
 }
 
+/// What the reconciler does after looking an order's hold up by reference
+/// ([`Rules::reconcile`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciled {
+    /// Nothing (more) to do: the order keeps its outcome.
+    Done,
+    /// The hold found decides the pending order: write this verdict.
+    Decided(Verdict),
+    /// A declined order's hold is active: release it.
+    Release,
+    /// No hold yet, inside the settle window: look again then.
+    Wait {
+        /// Not before, epoch ms.
+        until_ms: i64,
+    },
+    /// No hold after the settle window: send the pending order's hold again, with the same
+    /// reference, for `total`, and decide from its outcome.
+    Rehold {
+        /// The order's recorded total.
+        total: Money,
+    },
+    /// No answer to act on yet: try again.
+    Unsettled(Unsettled),
+    /// Something no retry can mend: an operator must look.
+    Inconsistent(Inconsistency),
+}
+
+/// What the reconciler can find that no retry mends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Inconsistency {
+    /// The caller was told DECLINED, yet the wallet captured the hold.
+    #[error("a declined order's hold was captured: refund needed")]
+    CapturedAfterDecline,
+    /// A hold exists for a pending order that never recorded what it is for.
+    #[error("a hold was found for an order without a total")]
+    HeldWithoutTotal,
+    /// Nothing is held, and the pending order does not say what to hold.
+    #[error("unknown hold outcome without a total")]
+    UnknownWithoutTotal,
+    /// The pending order's hold is neither active nor captured (released, or unnamed state).
+    #[error("hold for a pending order is {0:?}")]
+    PendingHold(wallet::HoldState),
+}
+
 /// The decision rules of one [`Path`] under the `retry_after` policy.
 #[derive(Debug, Clone, Copy)]
 pub struct Rules {
@@ -104,17 +180,17 @@ impl Rules {
         Self { path, retry_after }
     }
 
-    /// The request path's rules under `config`.
-    pub fn request(config: &Config) -> Self {
+    /// The request path's rules under the `fraud` and `retry_after` policies.
+    pub fn request(fraud: FraudPolicy, retry_after: RetryAfterPolicy) -> Self {
         let path = Path::Request {
-            fraud_on_timeout: config.fraud.on_timeout,
+            fraud_on_timeout: fraud.on_timeout,
         };
-        Self::new(path, config.retry_after)
+        Self::new(path, retry_after)
     }
 
-    /// The worker's rules under `config`.
-    pub fn worker(config: &Config) -> Self {
-        Self::new(Path::Worker, config.retry_after)
+    /// The worker's rules under the `retry_after` policy.
+    pub fn worker(retry_after: RetryAfterPolicy) -> Self {
+        Self::new(Path::Worker, retry_after)
     }
 
     /// `cart.FreezeCart`: the frozen total and the items to reserve, unless the cart is missing,
@@ -337,6 +413,63 @@ impl Rules {
         }
     }
 
+    /// The reconciler's `wallet_reconcile`, once the wallet was asked by the order's reference
+    /// at `now_ms`. A DECLINED order (its caller left mid-hold) has an active hold released and
+    /// nothing else; a captured one needs a refund, which only an operator can make. A PENDING
+    /// order is decided by a hold found active or captured, exactly as a successful hold is
+    /// (never without its id or total). Nothing found: wait out the settle window (from when
+    /// the hold was sent, else from when the order was created), then the pending order's hold
+    /// is sent again with the same reference. A CONFIRMED order has nothing to reconcile.
+    pub fn reconcile(
+        &self,
+        order: &OrderRecord,
+        lookup: Lookup,
+        settle_window: Duration,
+        now_ms: i64,
+    ) -> Reconciled {
+        let settle_until =
+            order.hold_sent_at_ms.unwrap_or(order.order.created_at_ms) + millis(settle_window);
+        match (order.status, lookup) {
+            (OrderStatus::Confirmed, _) => Reconciled::Done,
+            (_, Lookup::Failed(error)) => {
+                Reconciled::Unsettled(Unsettled::failed("wallet lookup", &error))
+            }
+            (OrderStatus::Declined, Lookup::Found(hold)) => match hold.state() {
+                wallet::HoldState::Active => Reconciled::Release,
+                wallet::HoldState::Captured => {
+                    Reconciled::Inconsistent(Inconsistency::CapturedAfterDecline)
+                }
+                _ => Reconciled::Done,
+            },
+            (OrderStatus::Pending, Lookup::Found(hold)) => match hold.state() {
+                wallet::HoldState::Active | wallet::HoldState::Captured => {
+                    let Some(total) = order.total.clone() else {
+                        return Reconciled::Inconsistent(Inconsistency::HeldWithoutTotal);
+                    };
+                    let Ok(hold_id) = HoldId::new(hold.hold_id) else {
+                        return Reconciled::Unsettled(Unsettled::Unknown(
+                            "the wallet found the hold but did not name it",
+                        ));
+                    };
+                    let held = HoldOutcome::Success { hold_id };
+                    match self.hold(Tried::Sent(held), total, order.fraud_review, false) {
+                        Ok(verdict) => Reconciled::Decided(verdict),
+                        Err(unsettled) => Reconciled::Unsettled(unsettled),
+                    }
+                }
+                state => Reconciled::Inconsistent(Inconsistency::PendingHold(state)),
+            },
+            (_, Lookup::NotFound) if now_ms < settle_until => Reconciled::Wait {
+                until_ms: settle_until,
+            },
+            (OrderStatus::Declined, Lookup::NotFound) => Reconciled::Done,
+            (OrderStatus::Pending, Lookup::NotFound) => match order.total.clone() {
+                Some(total) => Reconciled::Rehold { total },
+                None => Reconciled::Inconsistent(Inconsistency::UnknownWithoutTotal),
+            },
+        }
+    }
+
     /// DECLINED (or PENDING) for `reason`, releasing what `exposure` says may be held.
     fn declined(&self, reason: Reason, total: Option<Money>, exposure: Exposure) -> Verdict {
         Verdict::because(reason, &self.retry_after)
@@ -438,7 +571,7 @@ mod tests {
         let d = verdict.into_decision("ord_1", 0);
         Wrote {
             status: d.status,
-            reason: Reason::parse(&d.reason).map_or("", Reason::as_str),
+            reason: Reason::stored(d.reason),
             retryable: d.retryable,
             retry_after_ms: d.retry_after_ms,
             total: d.total.map(|t| t.minor_units),
@@ -1156,6 +1289,227 @@ mod tests {
         assert_eq!(
             looked_up(Tried::Sent(Lookup::Failed(CallError::Cancelled))),
             HoldOutcome::Cancelled
+        );
+    }
+
+    /// An order as the reconciler reads it: `status`, its total, whether the fraud verdict is
+    /// owed, and its hold sent at 10 s (epoch ms 10 000).
+    fn unreconciled(status: OrderStatus, total: Option<i64>, fraud_review: bool) -> OrderRecord {
+        OrderRecord {
+            order: crate::store::NewOrder {
+                order_id: "ord_1".into(),
+                scope: "test:checkout".into(),
+                idempotency_key: "k".into(),
+                request_hash: "h".into(),
+                customer_id: "c1".into(),
+                cart_id: "cart-1".into(),
+                wallet_account_id: "a1".into(),
+                expected_total: None,
+                deadline_ms: 0,
+                created_at_ms: 0,
+                traceparent: None,
+            },
+            phase: crate::store::Phase::Decided,
+            status,
+            reason: None,
+            retryable: false,
+            retry_after_ms: None,
+            total: total.map(usd),
+            hold_id: None,
+            hold_sent_at_ms: Some(10_000),
+            fraud_review,
+            updated_at_ms: 0,
+            parked_jobs: Vec::new(),
+        }
+    }
+
+    fn found(hold_id: &str, state: wallet::HoldState) -> Lookup {
+        Lookup::Found(wallet::HoldRecord {
+            hold_id: hold_id.to_owned(),
+            reference: "ord_1".into(),
+            state: state.into(),
+            ..wallet::HoldRecord::default()
+        })
+    }
+
+    const WINDOW: Duration = Duration::from_secs(2);
+    /// Inside the settle window of a hold sent at 10 s, and past it.
+    const SETTLING: i64 = 11_000;
+    const SETTLED: i64 = 12_000;
+
+    /// A pending order is decided by the hold the lookup finds, as a successful hold decides
+    /// it (CONFIRMED, or still awaiting fraud); unnamed, the outcome stays unknown; released,
+    /// or with no total to decide, an operator must look.
+    #[test]
+    fn the_reconciler_decides_a_pending_order_by_the_hold_it_finds() {
+        let rules = worker();
+        let pending = |total, fraud_review| unreconciled(OrderStatus::Pending, total, fraud_review);
+        for state in [wallet::HoldState::Active, wallet::HoldState::Captured] {
+            let Reconciled::Decided(verdict) = rules.reconcile(
+                &pending(Some(4200), false),
+                found("hold-7", state),
+                WINDOW,
+                0,
+            ) else {
+                panic!("{state:?}: a found hold decides the order");
+            };
+            assert_eq!(wrote(verdict), confirmed("hold-7", 4200), "{state:?}");
+        }
+        let owed = rules.reconcile(
+            &pending(Some(4200), true),
+            found("hold-7", wallet::HoldState::Active),
+            WINDOW,
+            0,
+        );
+        assert_eq!(
+            owed,
+            Reconciled::Decided(
+                rules
+                    .hold(success("hold-7"), usd(4200), true, false)
+                    .expect("a verdict")
+            ),
+            "held while the fraud verdict is owed: as the hold's success decides"
+        );
+        assert_eq!(
+            rules.reconcile(
+                &pending(Some(4200), false),
+                found("", wallet::HoldState::Active),
+                WINDOW,
+                0
+            ),
+            Reconciled::Unsettled(Unsettled::Unknown(
+                "the wallet found the hold but did not name it"
+            ))
+        );
+        assert_eq!(
+            rules.reconcile(
+                &pending(None, false),
+                found("hold-7", wallet::HoldState::Active),
+                WINDOW,
+                0
+            ),
+            Reconciled::Inconsistent(Inconsistency::HeldWithoutTotal)
+        );
+        let released = rules.reconcile(
+            &pending(Some(4200), false),
+            found("hold-7", wallet::HoldState::Released),
+            WINDOW,
+            0,
+        );
+        assert_eq!(
+            released,
+            Reconciled::Inconsistent(Inconsistency::PendingHold(wallet::HoldState::Released))
+        );
+        assert_eq!(
+            Inconsistency::PendingHold(wallet::HoldState::Released).to_string(),
+            "hold for a pending order is Released"
+        );
+    }
+
+    /// Nothing found: the reconciler waits out the settle window, then re-sends a pending
+    /// order's hold for its recorded total, and leaves a declined order as it is.
+    #[test]
+    fn the_reconciler_waits_out_the_settle_window_then_holds_again() {
+        let rules = worker();
+        for status in [OrderStatus::Pending, OrderStatus::Declined] {
+            assert_eq!(
+                rules.reconcile(
+                    &unreconciled(status, Some(4200), false),
+                    Lookup::NotFound,
+                    WINDOW,
+                    SETTLING
+                ),
+                Reconciled::Wait { until_ms: SETTLED },
+                "{status:?}"
+            );
+        }
+        let mut unsent = unreconciled(OrderStatus::Pending, Some(4200), false);
+        unsent.hold_sent_at_ms = None;
+        unsent.order.created_at_ms = 5_000;
+        assert_eq!(
+            rules.reconcile(&unsent, Lookup::NotFound, WINDOW, 6_000),
+            Reconciled::Wait { until_ms: 7_000 },
+            "without HOLD_SENT the window runs from the order's creation"
+        );
+        assert_eq!(
+            rules.reconcile(
+                &unreconciled(OrderStatus::Pending, Some(4200), false),
+                Lookup::NotFound,
+                WINDOW,
+                SETTLED
+            ),
+            Reconciled::Rehold { total: usd(4200) }
+        );
+        assert_eq!(
+            rules.reconcile(
+                &unreconciled(OrderStatus::Pending, None, false),
+                Lookup::NotFound,
+                WINDOW,
+                SETTLED
+            ),
+            Reconciled::Inconsistent(Inconsistency::UnknownWithoutTotal)
+        );
+        assert_eq!(
+            rules.reconcile(
+                &unreconciled(OrderStatus::Declined, Some(4200), false),
+                Lookup::NotFound,
+                WINDOW,
+                SETTLED
+            ),
+            Reconciled::Done
+        );
+    }
+
+    /// A declined order's active hold is released and a released one left alone; a captured
+    /// one needs a refund only an operator can make. A confirmed order has nothing to
+    /// reconcile, and a lookup without an answer is tried again.
+    #[test]
+    fn the_reconciler_releases_a_declined_orders_hold() {
+        let rules = worker();
+        let declined = || unreconciled(OrderStatus::Declined, Some(4200), false);
+        let rows = [
+            (wallet::HoldState::Active, Reconciled::Release),
+            (
+                wallet::HoldState::Captured,
+                Reconciled::Inconsistent(Inconsistency::CapturedAfterDecline),
+            ),
+            (wallet::HoldState::Released, Reconciled::Done),
+        ];
+        for (state, want) in rows {
+            assert_eq!(
+                rules.reconcile(&declined(), found("hold-7", state), WINDOW, SETTLED),
+                want,
+                "{state:?}"
+            );
+        }
+        assert_eq!(
+            Inconsistency::CapturedAfterDecline.to_string(),
+            "a declined order's hold was captured: refund needed"
+        );
+        assert_eq!(
+            rules.reconcile(
+                &unreconciled(OrderStatus::Confirmed, Some(4200), false),
+                found("hold-7", wallet::HoldState::Active),
+                WINDOW,
+                SETTLED
+            ),
+            Reconciled::Done
+        );
+        let failed = rules.reconcile(
+            &declined(),
+            Lookup::Failed(status(Code::Unavailable)),
+            WINDOW,
+            SETTLED,
+        );
+        assert!(
+            matches!(
+                &failed,
+                Reconciled::Unsettled(Unsettled::Failed {
+                    class: CallClass::Unavailable,
+                    what,
+                }) if what.starts_with("wallet lookup: ")
+            ),
+            "{failed:?}"
         );
     }
 

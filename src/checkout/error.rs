@@ -6,7 +6,6 @@ use std::time::Duration;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use super::FieldViolation;
 use crate::budget::TooShort;
 use crate::store::StoreError;
 
@@ -15,6 +14,25 @@ pub const ERROR_DOMAIN: &str = "checkout.v1";
 
 /// Metadata set on a fast-fail answer (the timeout contract, docs/design.md §3).
 pub const X_DEADLINE_EXCEEDED: &str = "x-deadline-exceeded";
+
+/// One invalid field and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldViolation {
+    /// The field (or metadata key) at fault.
+    pub field: String,
+    /// What is wrong, for a human.
+    pub description: String,
+}
+
+impl FieldViolation {
+    /// A violation of `field`.
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+}
 
 /// A request the service did not (or could not) act on.
 #[derive(Debug, thiserror::Error)]

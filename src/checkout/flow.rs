@@ -33,25 +33,51 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::decide::{Exposure, Rules, Stop, Tried, looked_up};
-use super::steps::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock};
+use super::step_calls::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock};
 use super::trace::{StepSpan, store_write};
-use super::{CheckoutError, OrderRequest, Overload, Reason, Verdict};
-use crate::admission::{AdaptiveLimiter, Permit};
+use super::{
+    AuthPolicy, CheckoutError, FraudPolicy, OrderRequest, Overload, Reason, RetryAfterPolicy,
+    Verdict,
+};
+use crate::admission::{AdaptiveLimiter, AdmissionPolicy, Permit};
 use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
-use crate::config::Config;
-use crate::deadline::{Deadline, now_ms};
+use crate::deadline::{Deadline, DeadlinePolicy, millis, now_ms};
 use crate::downstream::operation_context;
 use crate::downstream::{Downstreams, HoldOutcome};
 use crate::proto::inventory::v1 as inventory;
+use crate::steps::Steps;
 use crate::store::{
     Begin, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, StoreHealth,
     TimeLimit,
 };
 use checkout_telemetry::{self as telemetry, metrics};
 
+/// What the request path is built from: the parts of the service's configuration that concern
+/// it (`Config::checkout_settings` gathers them).
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// How the caller's deadline is read and spent.
+    pub deadline: DeadlinePolicy,
+    /// The steps' caps and minimum budgets.
+    pub steps: Steps,
+    /// The adaptive concurrency limit of PlaceOrder.
+    pub admission: AdmissionPolicy,
+    /// What a fraud check without a verdict means.
+    pub fraud: FraudPolicy,
+    /// The advice put on answers.
+    pub retry_after: RetryAfterPolicy,
+    /// Who a caller is.
+    pub auth: AuthPolicy,
+    /// `worker.takeover_grace`: how long after its deadline an undecided order is handed to
+    /// the worker.
+    pub takeover_grace: Duration,
+    /// `store.background_timeout`: the bound of store calls nobody waits on.
+    pub store_timeout: Duration,
+}
+
 /// Places orders: owns the policy, the admission limit, the downstream clients and the store.
 pub struct Orchestrator {
-    config: Arc<Config>,
+    settings: Settings,
     budgeter: Budgeter,
     /// Load shedding: the adaptive concurrency limit on orders in flight.
     limiter: AdaptiveLimiter,
@@ -101,18 +127,18 @@ impl Orchestrator {
     /// An orchestrator over shared downstream clients and a store whose health (kept by the
     /// store watch) is `store_health`.
     pub fn new(
-        config: Arc<Config>,
+        settings: Settings,
         downstreams: Downstreams,
         store: Arc<dyn OrderStore>,
         store_health: Arc<StoreHealth>,
     ) -> Self {
-        let limiter = AdaptiveLimiter::new(&config.admission);
+        let limiter = AdaptiveLimiter::new(&settings.admission);
         // The gauges show the limit from the start, not from the first order.
         metrics::admission(limiter.limit(), limiter.in_flight());
         Self {
-            budgeter: Budgeter::new(&config.deadline, &config.steps),
+            budgeter: Budgeter::new(&settings.deadline, &settings.steps),
             limiter,
-            config,
+            settings,
             downstreams,
             store,
             store_health,
@@ -121,8 +147,8 @@ impl Orchestrator {
     }
 
     /// The policy in force.
-    pub fn config(&self) -> &Config {
-        &self.config
+    pub fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     /// The store.
@@ -183,7 +209,7 @@ impl Orchestrator {
             return Ok(());
         }
         Err(CheckoutError::StoreDown {
-            retry_after: self.config.retry_after.unavailable,
+            retry_after: self.settings.retry_after.unavailable,
         })
     }
 
@@ -278,14 +304,14 @@ impl Orchestrator {
         let Some(created) = progress.created.get() else {
             return Err(CheckoutError::StoreUnavailable {
                 source: StoreError::Timeout(Duration::ZERO),
-                retry_after: self.config.retry_after.unavailable,
+                retry_after: self.settings.retry_after.unavailable,
             });
         };
         tracing::info!(order_id = %created.order.order_id, "answered PENDING at the deadline's return reserve; the order goes on in the background");
         let mut record = created.clone();
         record.status = OrderStatus::Pending;
-        record.reason = Reason::BudgetExhausted.as_str().to_owned();
-        record.retry_after_ms = Some(millis(self.config.retry_after.pending));
+        record.reason = Some(Reason::BudgetExhausted);
+        record.retry_after_ms = Some(millis(self.settings.retry_after.pending));
         Ok(Placed { record, waterfall })
     }
 
@@ -321,7 +347,7 @@ impl Operation {
     ) {
         let result = self.operate(request).await;
         let out_of_time = self.progress.answered()
-            || matches!(&result, Ok((placed, _)) if placed.record.reason == Reason::BudgetExhausted.as_str());
+            || matches!(&result, Ok((placed, _)) if placed.record.reason == Some(Reason::BudgetExhausted));
         if self.progress.store_failed() {
             // A store that failed is not a service under load: no sample either way.
             drop(permit);
@@ -348,13 +374,13 @@ impl Operation {
 
     /// The caller left after its order was decided but before the answer was handed over.
     async fn abandon_decided(&self, order_id: &str) {
-        let config = &self.orchestrator.config;
+        let settings = &self.orchestrator.settings;
         let mut delay = Duration::from_millis(100);
         for _ in 0..10 {
             match self
                 .orchestrator
                 .store
-                .abandon(order_id, now_ms(), millis(config.retry_after.pending))
+                .abandon(order_id, now_ms(), millis(settings.retry_after.pending))
                 .await
             {
                 Ok(true) => {
@@ -378,10 +404,10 @@ impl Operation {
     /// The order's outcome, and whether this call decided it (false for a replay).
     async fn operate(&self, request: OrderRequest) -> Result<(Placed, bool), CheckoutError> {
         let orchestrator = &self.orchestrator;
-        let config = &orchestrator.config;
+        let settings = &orchestrator.settings;
         let deadline = &self.deadline;
         let order = request.to_new_order(deadline.at_epoch_ms(), now_ms());
-        let takeover_at = deadline.at_epoch_ms() + millis(config.worker.takeover_grace);
+        let takeover_at = deadline.at_epoch_ms() + millis(settings.takeover_grace);
         let placed = |record| Placed {
             record,
             waterfall: self.waterfall.clone(),
@@ -397,7 +423,7 @@ impl Operation {
                 self.store_write_failed();
                 return Err(CheckoutError::StoreUnavailable {
                     source,
-                    retry_after: config.retry_after.unavailable,
+                    retry_after: settings.retry_after.unavailable,
                 });
             }
             Ok(Begin::Existing(existing)) if existing.order.request_hash != order.request_hash => {
@@ -436,7 +462,7 @@ impl Operation {
     /// once the handler has answered without waiting for the operation.
     fn limit(&self) -> TimeLimit {
         if self.progress.answered() {
-            TimeLimit(self.orchestrator.config.store.background_timeout)
+            TimeLimit(self.orchestrator.settings.store_timeout)
         } else {
             TimeLimit(self.orchestrator.budgeter.until_answer(&self.deadline))
         }
@@ -462,8 +488,9 @@ impl Operation {
                 tracing::warn!(order_id = %created.order.order_id, %error, "decision not recorded in time; the worker will finish the order");
                 let mut pending = created;
                 pending.status = OrderStatus::Pending;
-                pending.reason = Reason::BudgetExhausted.as_str().to_owned();
-                pending.retry_after_ms = Some(millis(self.orchestrator.config.retry_after.pending));
+                pending.reason = Some(Reason::BudgetExhausted);
+                pending.retry_after_ms =
+                    Some(millis(self.orchestrator.settings.retry_after.pending));
                 pending.total = decision.total.or(pending.total);
                 pending
             }
@@ -476,7 +503,7 @@ impl Operation {
         decision: crate::store::Decision,
     ) -> OrderRecord {
         let store = &self.orchestrator.store;
-        let limit = TimeLimit(self.orchestrator.config.store.background_timeout);
+        let limit = TimeLimit(self.orchestrator.settings.store_timeout);
         let mut delay = Duration::from_millis(100);
         for _ in 0..10 {
             match store.decide(&decision, limit).await {
@@ -512,13 +539,16 @@ impl Run<'_> {
                 // The request path's rules decide every answer now; were one ever left open,
                 // the worker takes the order over rather than it being dropped.
                 tracing::error!(order_id = %self.order.order_id, ?why, "the request path left an order undecided; the worker will finish it");
-                Verdict::budget_exhausted(&self.orchestrator.config.retry_after)
+                Verdict::budget_exhausted(&self.orchestrator.settings.retry_after)
             }
         }
     }
 
     async fn walk(&self) -> Result<Verdict, Stop> {
-        let rules = Rules::request(&self.orchestrator.config);
+        let rules = Rules::request(
+            self.orchestrator.settings.fraud,
+            self.orchestrator.settings.retry_after,
+        );
         let expected = self.order.expected_total.as_ref();
         let (total, items) = rules.cart(self.freeze_cart().await, expected, Exposure::NONE)?;
         let (fraud, stock, intent) = self.fraud_and_inventory(&total, items).await;
@@ -529,7 +559,7 @@ impl Run<'_> {
             // takes the order over (its takeover time was written with RECEIVED) and finishes it
             // once the store is back.
             tracing::warn!(order_id = %self.order.order_id, %error, "HOLD_SENT not recorded; hold not sent");
-            let policy = &self.orchestrator.config.retry_after;
+            let policy = &self.orchestrator.settings.retry_after;
             return Ok(Verdict::budget_exhausted(policy).with_total(Some(total)));
         }
         let outcome = self.hold(&total).await;
@@ -678,14 +708,9 @@ fn idempotency(
     let value = match begun {
         Ok(Begin::Created(_)) => "new",
         Ok(Begin::Existing(e)) if e.order.request_hash != order.request_hash => "conflict",
-        Ok(Begin::Existing(e)) if e.reason == Reason::InProgress.as_str() => "in_progress",
+        Ok(Begin::Existing(e)) if e.reason == Some(Reason::InProgress) => "in_progress",
         Ok(Begin::Existing(_)) => "replay",
         Err(_) => return Vec::new(),
     };
     vec![opentelemetry::KeyValue::new("checkout.idempotency", value)]
-}
-
-/// A duration in whole milliseconds, saturating.
-pub fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

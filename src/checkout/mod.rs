@@ -8,20 +8,20 @@ mod flow;
 mod reason;
 mod request;
 mod service;
-mod steps;
+mod step_calls;
 mod trace;
 mod verdict;
 
 pub use decide::{
-    Exposure, Next, Path, Rules, Settled, Stop, Tried, Unsettled, looked_up, reason_for_rejection,
+    Exposure, FraudOnTimeout, FraudPolicy, Inconsistency, Next, Path, Reconciled, Rules, Settled,
+    Stop, Tried, Unsettled, looked_up, reason_for_rejection,
 };
-pub use error::{CheckoutError, ERROR_DOMAIN, Overload, X_DEADLINE_EXCEEDED};
-pub use flow::{Orchestrator, Placed, millis};
-pub use reason::Reason;
+pub use error::{CheckoutError, ERROR_DOMAIN, FieldViolation, Overload, X_DEADLINE_EXCEEDED};
+pub use flow::{Orchestrator, Placed, Settings};
+pub use reason::{Reason, RetryAfterPolicy};
 pub use request::{
-    FieldViolation, OrderRequest, X_CLIENT_ID, caller_scope, is_key, is_order_id, new_order_id,
-    scope,
+    AuthPolicy, OrderRequest, X_CLIENT_ID, caller_scope, is_key, is_order_id, new_order_id, scope,
 };
 pub use service::{CheckoutApi, order_to_proto};
-pub use steps::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock, frozen_cart};
+pub use step_calls::{Called, Cart, Fraud, Lookup, StepCalls, StepResult, Stock, frozen_cart};
 pub use verdict::{Held, MissingHold, Verdict};

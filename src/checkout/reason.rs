@@ -1,104 +1,36 @@
-//! The machine reason codes of `Order.reason` (docs/design.md §2) and what each implies for the caller:
-//! status, whether a fresh attempt is safe, and when to come back.
+//! What each machine reason of `Order.reason` (docs/design.md §2) implies for the caller: whether
+//! a fresh attempt is safe, and when to come back. The [`Reason`] type is the store's (a stored
+//! reason is parsed where it is read); these rules read the checkout's `retry_after` policy, so
+//! they live here.
 
 use std::time::Duration;
 
-use crate::config::RetryAfterPolicy;
-use crate::store::OrderStatus;
+use serde::Deserialize;
 
-/// Why an order is where it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// PENDING: another attempt with this key is running.
-    InProgress,
-    /// PENDING: the deadline ran out before a decision; the worker finishes the order.
-    BudgetExhausted,
-    /// PENDING: held, but fraud could not answer in time; the worker re-scores.
-    FraudReview,
-    /// PENDING: the hold's outcome is unknown; the reconciler resolves it by reference.
-    WalletOutcomeUnknown,
-    /// PENDING: a job exhausted its attempts; an operator must look.
-    Parked,
-    /// DECLINED: the wallet balance is short.
-    InsufficientFunds,
-    /// DECLINED: fraud said no (or could not answer and policy is `decline`).
-    FraudDenied,
-    /// DECLINED: an item is out of stock.
-    OutOfStock,
-    /// DECLINED: no such cart.
-    CartNotFound,
-    /// DECLINED: the cart total differs from `expected_total`.
-    PriceChanged,
-    /// DECLINED: the wallet refused the hold for another reason.
-    WalletRejected,
-    /// DECLINED: the cart service could not answer.
-    CartUnavailable,
-    /// DECLINED: the inventory service could not answer.
-    InventoryUnavailable,
-    /// DECLINED: the wallet could not be reached (certainly nothing held).
-    WalletUnavailable,
-    /// DECLINED: the caller went away before the answer; anything held is released.
-    CallerAbandoned,
+pub use crate::store::Reason;
+
+/// `retry_after.*` keys (docs/design.md §8).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryAfterPolicy {
+    /// After a downstream was unavailable or timed out.
+    #[serde(with = "humantime_serde")]
+    pub unavailable: Duration,
+    /// While an order is in flight or pending.
+    #[serde(with = "humantime_serde")]
+    pub pending: Duration,
+}
+
+impl Default for RetryAfterPolicy {
+    fn default() -> Self {
+        Self {
+            unavailable: Duration::from_secs(2),
+            pending: Duration::from_secs(1),
+        }
+    }
 }
 
 impl Reason {
-    /// Every reason.
-    pub const ALL: [Reason; 15] = [
-        Self::InProgress,
-        Self::BudgetExhausted,
-        Self::FraudReview,
-        Self::WalletOutcomeUnknown,
-        Self::Parked,
-        Self::InsufficientFunds,
-        Self::FraudDenied,
-        Self::OutOfStock,
-        Self::CartNotFound,
-        Self::PriceChanged,
-        Self::WalletRejected,
-        Self::CartUnavailable,
-        Self::InventoryUnavailable,
-        Self::WalletUnavailable,
-        Self::CallerAbandoned,
-    ];
-
-    /// The reason whose code is `code`, if any.
-    pub fn parse(code: &str) -> Option<Reason> {
-        Self::ALL.into_iter().find(|r| r.as_str() == code)
-    }
-
-    /// The code in `Order.reason`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InProgress => "IN_PROGRESS",
-            Self::BudgetExhausted => "BUDGET_EXHAUSTED",
-            Self::FraudReview => "FRAUD_REVIEW",
-            Self::WalletOutcomeUnknown => "WALLET_OUTCOME_UNKNOWN",
-            Self::Parked => "PARKED",
-            Self::InsufficientFunds => "INSUFFICIENT_FUNDS",
-            Self::FraudDenied => "FRAUD_DENIED",
-            Self::OutOfStock => "OUT_OF_STOCK",
-            Self::CartNotFound => "CART_NOT_FOUND",
-            Self::PriceChanged => "PRICE_CHANGED",
-            Self::WalletRejected => "WALLET_REJECTED",
-            Self::CartUnavailable => "CART_UNAVAILABLE",
-            Self::InventoryUnavailable => "INVENTORY_UNAVAILABLE",
-            Self::WalletUnavailable => "WALLET_UNAVAILABLE",
-            Self::CallerAbandoned => "CALLER_ABANDONED",
-        }
-    }
-
-    /// PENDING or DECLINED.
-    pub fn status(self) -> OrderStatus {
-        match self {
-            Self::InProgress
-            | Self::BudgetExhausted
-            | Self::FraudReview
-            | Self::WalletOutcomeUnknown
-            | Self::Parked => OrderStatus::Pending,
-            _ => OrderStatus::Declined,
-        }
-    }
-
     /// DECLINED with nothing applied and a transient cause: a new attempt with a NEW key is safe
     /// and may succeed. Permanent refusals (funds, fraud, stock, cart, price) are not retryable.
     pub fn retryable(self) -> bool {

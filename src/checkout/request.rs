@@ -2,35 +2,26 @@
 //! once), the idempotency scope read from `x-client-id`, a fresh order id drawn, and the
 //! canonical request hash derived.
 
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 
-use crate::config::AuthPolicy;
+use super::{CheckoutError, FieldViolation};
 use crate::proto::checkout::v1 as pb;
 use crate::store::{Money, NewOrder};
 use crate::tls::peer_identity;
 
+/// `auth.*` keys: who a caller is.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthPolicy {
+    /// With mTLS, a caller is its certificate's identity and `x-client-id` is ignored. When
+    /// true, `x-client-id` is still accepted, but only when it equals that identity.
+    pub allow_client_id_header: bool,
+}
+
 /// Metadata naming the calling client; scopes idempotency keys.
 pub use checkout_proto::metadata::X_CLIENT_ID;
-
-/// One invalid field and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldViolation {
-    /// The field (or metadata key) at fault.
-    pub field: String,
-    /// What is wrong, for a human.
-    pub description: String,
-}
-
-impl FieldViolation {
-    /// A violation of `field`.
-    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            description: description.into(),
-        }
-    }
-}
 
 /// A validated PlaceOrder request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +54,7 @@ pub fn caller_scope<T>(
     request: &tonic::Request<T>,
     auth: &AuthPolicy,
     violations: &mut Vec<FieldViolation>,
-) -> Result<String, super::CheckoutError> {
+) -> Result<String, CheckoutError> {
     let certified = request
         .peer_certs()
         .and_then(|certs| certs.first().and_then(|leaf| peer_identity(leaf)));
@@ -78,7 +69,7 @@ pub fn caller_scope<T>(
             .iter()
             .any(|claimed| claimed.to_str().ok() != Some(identity.as_str()))
     {
-        return Err(super::CheckoutError::ClientIdMismatch);
+        return Err(CheckoutError::ClientIdMismatch);
     }
     Ok(format!("{identity}:checkout"))
 }

@@ -8,12 +8,12 @@ use opentelemetry::KeyValue;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+use super::RetryAfterPolicy;
 use super::{
     CheckoutError, FieldViolation, Orchestrator, OrderRequest, Overload, Reason, caller_scope,
     is_key, is_order_id,
 };
 use crate::budget::waterfall_duration;
-use crate::config::RetryAfterPolicy;
 use crate::deadline::ingest;
 use crate::proto::checkout::v1::{
     self as pb, checkout_service_server::CheckoutService, get_order_request::Lookup,
@@ -60,9 +60,9 @@ impl CheckoutService for CheckoutApi {
         &self,
         request: Request<pb::PlaceOrderRequest>,
     ) -> Result<Response<pb::Order>, Status> {
-        let config = self.orchestrator.config();
+        let settings = self.orchestrator.settings();
         let mut violations = Vec::new();
-        let deadline = ingest(request.metadata(), &config.deadline)
+        let deadline = ingest(request.metadata(), &settings.deadline)
             .map_err(|e| violations.push(FieldViolation::new(e.header, e.to_string())))
             .ok();
         // Under a surge, refuse before spending anything on the request.
@@ -71,7 +71,7 @@ impl CheckoutService for CheckoutApi {
                 .shed_early(deadline)
                 .inspect_err(|error| metrics::admission_rejected(error.metric_reason()))?;
         }
-        let scope = caller_scope(&request, &config.auth, &mut violations)
+        let scope = caller_scope(&request, &settings.auth, &mut violations)
             .inspect_err(|error| metrics::admission_rejected(error.metric_reason()))?;
         let message = request.into_inner();
         let order = OrderRequest::parse(scope, message, &mut violations);
@@ -104,13 +104,13 @@ impl CheckoutService for CheckoutApi {
             .instrument(span)
             .await
             .inspect_err(|error| metrics::admission_rejected(error.metric_reason()))?;
-        let mut answer = order_to_proto(&placed.record, &config.retry_after);
+        let mut answer = order_to_proto(&placed.record, &settings.retry_after);
         answer.budget = Some(placed.waterfall.report(&deadline));
         let remaining = deadline.remaining();
         metrics::order_answered(
             status_name(answer.status()),
-            // Empty when CONFIRMED (reported as `none`); anything else is one of ours.
-            Reason::parse(&answer.reason).map_or("", Reason::as_str),
+            // Empty when CONFIRMED (reported as `none`).
+            Reason::stored(placed.record.reason),
         );
         metrics::remaining_at_return(remaining);
         telemetry::annotate(|| {
@@ -136,7 +136,11 @@ impl CheckoutService for CheckoutApi {
         request: Request<pb::GetOrderRequest>,
     ) -> Result<Response<pb::Order>, Status> {
         let mut violations = Vec::new();
-        let scope = caller_scope(&request, &self.orchestrator.config().auth, &mut violations)?;
+        let scope = caller_scope(
+            &request,
+            &self.orchestrator.settings().auth,
+            &mut violations,
+        )?;
         let lookup = request.into_inner().lookup;
         match &lookup {
             Some(Lookup::OrderId(id)) if is_order_id(id) => {}
@@ -164,7 +168,7 @@ impl CheckoutService for CheckoutApi {
         };
         let record = read.map_err(|source| CheckoutError::StoreUnavailable {
             source,
-            retry_after: self.orchestrator.config().retry_after.unavailable,
+            retry_after: self.orchestrator.settings().retry_after.unavailable,
         })?;
         // Every read is scoped: another scope's order is reported as absent, so that its
         // existence is not revealed.
@@ -173,7 +177,7 @@ impl CheckoutService for CheckoutApi {
             .ok_or(CheckoutError::NotFound)?;
         Ok(Response::new(order_to_proto(
             &record,
-            &self.orchestrator.config().retry_after,
+            &self.orchestrator.settings().retry_after,
         )))
     }
 }
@@ -190,7 +194,7 @@ pub fn order_to_proto(record: &OrderRecord, policy: &RetryAfterPolicy) -> pb::Or
         .map(|ms| Duration::from_millis(ms.max(0).unsigned_abs()))
         .or_else(|| {
             // A record still being worked on by its first attempt has no advice stored yet.
-            (record.status == OrderStatus::Pending && record.reason == Reason::InProgress.as_str())
+            (record.status == OrderStatus::Pending && record.reason == Some(Reason::InProgress))
                 .then_some(policy.pending)
         });
     let hold_may_exist = record.hold_sent_at_ms.is_some()
@@ -199,7 +203,7 @@ pub fn order_to_proto(record: &OrderRecord, policy: &RetryAfterPolicy) -> pb::Or
     pb::Order {
         order_id: record.order.order_id.clone(),
         status: status.into(),
-        reason: record.reason.clone(),
+        reason: Reason::stored(record.reason).to_owned(),
         retryable: record.status == OrderStatus::Declined && record.retryable,
         retry_after: retry_after.map(waterfall_duration),
         total: record.total.as_ref().map(|m| pb::Money {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::Reason;
-use crate::config::RetryAfterPolicy;
+use super::RetryAfterPolicy;
 use crate::downstream::HoldId;
 use crate::store::{Decision, JobKind, Money, NewJob, OrderRecord, OrderStatus};
 
@@ -179,11 +179,7 @@ impl Verdict {
         Decision {
             order_id: order_id.to_owned(),
             status: self.status(),
-            reason: self
-                .reason
-                .map(Reason::as_str)
-                .unwrap_or_default()
-                .to_owned(),
+            reason: self.reason,
             retryable: self.retryable,
             retry_after_ms: self
                 .retry_after
@@ -220,7 +216,7 @@ mod tests {
             },
             phase: Phase::Decided,
             status: OrderStatus::Pending,
-            reason: Reason::FraudReview.as_str().into(),
+            reason: Some(Reason::FraudReview),
             retryable: false,
             retry_after_ms: Some(1000),
             total: total.map(|minor_units| Money {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use crate::config::{Config, DownstreamAddrs};
+use checkout::config::{Config, DownstreamAddrs};
 
 /// Flags of `checkout demo`.
 #[derive(Debug, Args)]
@@ -21,8 +21,8 @@ pub struct DemoArgs {
     stubs_listen: SocketAddr,
     /// The admin HTTP port (/metrics, /healthz, /readyz): host:port, or `off`. Its /metrics
     /// covers the stubs too: they run in this process.
-    #[arg(long, value_name = "ADDR", default_value_t = crate::config::AdminListen::ORCHESTRATOR_DEFAULT)]
-    admin_listen: crate::config::AdminListen,
+    #[arg(long, value_name = "ADDR", default_value_t = checkout::config::AdminListen::ORCHESTRATOR_DEFAULT)]
+    admin_listen: checkout::config::AdminListen,
     /// Directory of the embedded SQLite store.
     #[arg(long, default_value = "data")]
     data_dir: PathBuf,
@@ -53,7 +53,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     config.tls = args.tls.config();
     config.validate()?;
     let config = Arc::new(config);
-    let store = crate::store::open(&config.store)
+    let store = checkout::store::open(&config.store)
         .await
         .context("opening the order store")?;
     println!(

@@ -11,8 +11,8 @@ use tonic::transport::Endpoint;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-use crate::config::DownstreamTlsConfig;
-use crate::downstream::downstream_uri;
+use checkout::config::DownstreamTlsConfig;
+use checkout::downstream::downstream_uri;
 
 /// Flags of `checkout health`.
 #[derive(Debug, Args)]

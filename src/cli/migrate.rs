@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::config::{Config, redact_url};
+use checkout::config::{Config, redact_url};
 
 /// Flags of `checkout migrate`; each overrides the config file.
 ///
@@ -60,7 +60,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
         Some(url) => format!("PostgreSQL {}", redact_url(url)),
         None => format!("SQLite {}", store.data_dir.join("checkout.db").display()),
     };
-    let opened = crate::store::open(store)
+    let opened = checkout::store::open(store)
         .await
         .with_context(|| format!("migrating {target}"))?;
     opened.close().await;

@@ -8,10 +8,9 @@ mod health;
 mod migrate;
 mod place;
 mod serve;
-pub mod signal;
 mod stubs;
 mod tls_flags;
-pub mod waterfall;
+mod waterfall;
 
 use checkout_telemetry::stall::{self, StallWatch};
 use std::process::ExitCode;
@@ -68,7 +67,7 @@ enum Command {
     Migrate(migrate::MigrateArgs),
 }
 
-/// Runs the parsed command. Server commands log and trace (see [`crate::telemetry`]).
+/// Runs the parsed command. Server commands log and trace (see [`checkout_telemetry`]).
 /// Its exit code is 0 on success, except where a command documents its own (`place`).
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let telemetry = match &cli.command {

@@ -8,10 +8,10 @@ use clap::{Args, ValueEnum};
 use tonic::metadata::MetadataValue;
 use tonic_types::StatusExt;
 
-use crate::deadline::{
+use checkout::deadline::{
     GRPC_TIMEOUT, REQUEST_DEADLINE_MS, X_REQUEST_DEADLINE, epoch_ms, grpc_timeout,
 };
-use crate::proto::checkout::v1::{self as pb, checkout_service_client::CheckoutServiceClient};
+use checkout::proto::checkout::v1::{self as pb, checkout_service_client::CheckoutServiceClient};
 
 /// How the deadline travels.
 #[derive(Debug, Clone, Copy, ValueEnum)]

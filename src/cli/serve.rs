@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use crate::config::{Config, DownstreamAddrs};
+use checkout::config::{Config, DownstreamAddrs};
 
 /// Flags of `checkout serve`; each overrides the config file.
 #[derive(Debug, Args)]
@@ -21,7 +21,7 @@ pub struct ServeArgs {
     /// The admin HTTP port (/metrics, /healthz, /readyz): host:port, or `off`. Default
     /// 127.0.0.1:9464 (config `admin_listen`); 127.0.0.1:0 picks a free port.
     #[arg(long, value_name = "ADDR")]
-    admin_listen: Option<crate::config::AdminListen>,
+    admin_listen: Option<checkout::config::AdminListen>,
     /// All four downstream services at one address (a `checkout stubs` server): host:port
     /// (e.g. 127.0.0.1:50052) or http://host:port.
     #[arg(long)]
@@ -80,7 +80,7 @@ impl ServeArgs {
 /// Runs until SIGINT/SIGTERM.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Arc::new(args.config()?);
-    let store = crate::store::open(&config.store)
+    let store = checkout::store::open(&config.store)
         .await
         .context("opening the order store")?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -137,9 +137,9 @@ pub(super) fn admission_floor_line(config: &Config) -> String {
 pub(super) async fn until_signal(
     listener: tokio::net::TcpListener,
     config: Arc<Config>,
-    store: Arc<dyn crate::store::OrderStore>,
+    store: Arc<dyn checkout::store::OrderStore>,
 ) -> anyhow::Result<()> {
-    let admin = crate::server::bind_admin(&config).await?;
+    let admin = checkout::server::bind_admin(&config).await?;
     if let Some(admin) = &admin {
         // Its own line too: with --admin-listen 127.0.0.1:0 this is where it really is.
         println!(
@@ -147,12 +147,12 @@ pub(super) async fn until_signal(
             admin.local_addr()?
         );
     }
-    let served = crate::server::serve_with_admin(
+    let served = checkout::server::serve_with_admin(
         listener,
         admin,
         config,
         Arc::clone(&store),
-        super::signal::shutdown(),
+        checkout::server::shutdown_signal(),
     )
     .await;
     store.close().await;

@@ -27,8 +27,8 @@ pub struct StubsArgs {
     #[arg(long, value_name = "N", default_value_t = StubConfig::DEFAULT_HISTORY_CAPACITY)]
     history_capacity: NonZeroUsize,
     /// An admin HTTP port (/metrics, /healthz, /readyz): host:port, or `off` (the default).
-    #[arg(long, value_name = "ADDR", default_value_t = crate::config::AdminListen::OFF)]
-    admin_listen: crate::config::AdminListen,
+    #[arg(long, value_name = "ADDR", default_value_t = checkout::config::AdminListen::OFF)]
+    admin_listen: checkout::config::AdminListen,
     #[command(flatten)]
     tls: super::tls_flags::TlsFlags,
 }
@@ -52,9 +52,9 @@ pub async fn run(args: StubsArgs) -> anyhow::Result<()> {
     let admin_task = match admin {
         Some(admin) => {
             println!("checkout stubs admin on {}", admin.local_addr()?);
-            Some(tokio::spawn(crate::admin::serve(
+            Some(tokio::spawn(checkout::admin::serve(
                 admin,
-                crate::admin::Admin::default(),
+                checkout::admin::Admin::default(),
                 admin_stop.clone().cancelled_owned(),
             )))
         }
@@ -70,7 +70,7 @@ pub async fn run(args: StubsArgs) -> anyhow::Result<()> {
             .map(|tls| tls.server("stubs"))
             .transpose()?,
     };
-    let served = checkout_stubs::serve(listener, config, super::signal::shutdown()).await;
+    let served = checkout_stubs::serve(listener, config, checkout::server::shutdown_signal()).await;
     admin_stop.cancel();
     if let Some(task) = admin_task {
         task.await??;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::tls::TlsConfig;
+use checkout::tls::TlsConfig;
 
 /// TLS of a server's listener; plaintext when none is given.
 #[derive(Debug, Clone, Args)]

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::proto::checkout::v1::BudgetReport;
+use checkout::proto::checkout::v1::BudgetReport;
 
 fn ms(d: Option<&prost_types::Duration>) -> f64 {
     d.map_or(0.0, |d| {
@@ -79,10 +79,12 @@ pub fn fmt_ms(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::checkout::v1::BudgetStep;
+    use checkout::proto::checkout::v1::BudgetStep;
 
     fn d(ms: u64) -> Option<prost_types::Duration> {
-        Some(crate::budget::waterfall_duration(Duration::from_millis(ms)))
+        Some(checkout::budget::waterfall_duration(Duration::from_millis(
+            ms,
+        )))
     }
 
     #[test]

@@ -10,6 +10,12 @@ pub use checkout_proto::grpc_timeout;
 pub use checkout_proto::metadata::{epoch_ms, now_ms};
 pub use policy::DeadlinePolicy;
 
+/// `d` in whole milliseconds, as epoch-millisecond times are added to (saturating: a duration
+/// beyond `i64::MAX` ms is that).
+pub fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 pub use ingest::{
     ECHO_LIMIT, GRPC_TIMEOUT, IngestError, REQUEST_DEADLINE_MS, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
     X_REQUEST_DEADLINE, ingest, ingest_at,

@@ -9,14 +9,14 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
 
-use super::CallClass;
 use super::breaker::{Breaker, BreakerPolicy, Outcome};
 use super::bulkhead::Bulkhead;
+use super::{CallClass, CallError, Refusal};
 use crate::budget::{ChildBudget, Step};
 use crate::deadline::{GRPC_TIMEOUT, X_REQUEST_DEADLINE, grpc_timeout};
 use crate::steps::Steps;
@@ -180,15 +180,6 @@ impl Guards {
     }
 }
 
-/// Why a call was not sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// The method's breaker is open (or half open with its probes out).
-    BreakerOpen,
-    /// The step's bulkhead is full.
-    BulkheadFull,
-}
-
 /// At most one failure line per service per this interval; the lines in between are counted
 /// and reported with the next one.
 const LOG_INTERVAL_MS: i64 = 1_000;
@@ -230,54 +221,6 @@ fn log_failure(rpc: Rpc, error: &CallError) {
         similar_failures_not_logged = suppressed,
         "downstream call failed"
     );
-}
-
-/// Why a downstream call produced no response.
-#[derive(Debug)]
-pub enum CallError {
-    /// Our token fired first: the branch stopped mattering or the caller went away.
-    Cancelled,
-    /// The child budget ran out after the request was sent.
-    TimedOut(Duration),
-    /// The call ended with a gRPC status (from the server, or from the transport).
-    Status(tonic::Status),
-    /// Not sent: the breaker or the bulkhead refused it (certainly not applied).
-    Refused(Refusal),
-}
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Cancelled => f.write_str("cancelled"),
-            Self::TimedOut(after) => write!(f, "timed out after {after:?}"),
-            Self::Status(s) => write!(f, "{:?}: {}", s.code(), s.message()),
-            Self::Refused(Refusal::BreakerOpen) => f.write_str("not sent: circuit breaker open"),
-            Self::Refused(Refusal::BulkheadFull) => f.write_str("not sent: bulkhead full"),
-        }
-    }
-}
-
-impl std::error::Error for CallError {}
-
-impl CallError {
-    /// The error with every cause the transport gave (e.g. `tcp connect error: Connection
-    /// refused`), for logs.
-    pub fn detail(&self) -> String {
-        let mut text = self.to_string();
-        if let Self::Status(status) = self {
-            let mut source = std::error::Error::source(status);
-            while let Some(cause) = source {
-                // Layers often repeat their cause's words; say each thing once.
-                let said = cause.to_string();
-                if !text.contains(&said) {
-                    text.push_str(": ");
-                    text.push_str(&said);
-                }
-                source = cause.source();
-            }
-        }
-        text
-    }
 }
 
 /// Sends `message` through `call` (the method `rpc`) under `budget`, unless `cancel` fires

@@ -1,14 +1,72 @@
-//! What a failed call means: could its effect have happened? (docs/design.md §5). The same
-//! rules serve every step; the wallet hold adds the duplicate-reference rule, and its refusals
-//! are parsed here, once, into [`HoldRejection`].
+//! How a downstream call can fail ([`CallError`]) and what a failure means: could its effect
+//! have happened? (docs/design.md §5). The same rules serve every step; the wallet hold adds
+//! the duplicate-reference rule, and its refusals are parsed here, once, into
+//! [`HoldRejection`].
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use tonic::Code;
 use tonic_types::StatusExt;
 
-use super::CallError;
 use crate::proto::wallet::v1 as wallet;
+
+/// Why a downstream call produced no response.
+#[derive(Debug)]
+pub enum CallError {
+    /// Our token fired first: the branch stopped mattering or the caller went away.
+    Cancelled,
+    /// The child budget ran out after the request was sent.
+    TimedOut(Duration),
+    /// The call ended with a gRPC status (from the server, or from the transport).
+    Status(tonic::Status),
+    /// Not sent: the breaker or the bulkhead refused it (certainly not applied).
+    Refused(Refusal),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cancelled => f.write_str("cancelled"),
+            Self::TimedOut(after) => write!(f, "timed out after {after:?}"),
+            Self::Status(s) => write!(f, "{:?}: {}", s.code(), s.message()),
+            Self::Refused(Refusal::BreakerOpen) => f.write_str("not sent: circuit breaker open"),
+            Self::Refused(Refusal::BulkheadFull) => f.write_str("not sent: bulkhead full"),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+impl CallError {
+    /// The error with every cause the transport gave (e.g. `tcp connect error: Connection
+    /// refused`), for logs.
+    pub fn detail(&self) -> String {
+        let mut text = self.to_string();
+        if let Self::Status(status) = self {
+            let mut source = std::error::Error::source(status);
+            while let Some(cause) = source {
+                // Layers often repeat their cause's words; say each thing once.
+                let said = cause.to_string();
+                if !text.contains(&said) {
+                    text.push_str(": ");
+                    text.push_str(&said);
+                }
+                source = cause.source();
+            }
+        }
+        text
+    }
+}
+
+/// Why a call was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The method's breaker is open (or half open with its probes out).
+    BreakerOpen,
+    /// The step's bulkhead is full.
+    BulkheadFull,
+}
 
 /// The effect-possibility class of a failed call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

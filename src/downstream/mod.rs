@@ -21,10 +21,10 @@ use tonic::transport::{Channel, Endpoint};
 pub use address::{DownstreamAddrs, InvalidAddress, downstream_uri};
 pub use breaker::{Breaker, BreakerPolicy, BreakerState};
 pub use bulkhead::{Bulkhead, validate_max_concurrency};
-pub use call::{CallError, Guards, Refusal, Rpc};
+pub use call::{Guards, Rpc};
 pub use classify::{
-    CallClass, EmptyHoldId, HoldId, HoldOutcome, HoldRejection, HoldTerms, classify_hold,
-    error_reason,
+    CallClass, CallError, EmptyHoldId, HoldId, HoldOutcome, HoldRejection, HoldTerms, Refusal,
+    classify_hold, error_reason,
 };
 pub use hedge::{HedgePolicy, Hedger, Role};
 pub use trace::{

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::{
     Begin, Claimed, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewOrder,
-    OrderRecord, OrderStatus, OrderStore, ParkedJob, Phase, StoreError, TimeLimit, sql,
+    OrderRecord, OrderStatus, OrderStore, ParkedJob, Phase, Reason, StoreError, TimeLimit, sql,
 };
 
 /// The state of a job row.
@@ -177,7 +177,7 @@ impl State {
         if order.status == OrderStatus::Pending {
             order.phase = Phase::Decided;
             order.status = d.status;
-            order.reason.clone_from(&d.reason);
+            order.reason = d.reason;
             order.retryable = d.retryable;
             order.retry_after_ms = d.retry_after_ms;
             order.fraud_review = d.fraud_review;
@@ -336,7 +336,7 @@ impl OrderStore for MemoryStore {
         if let Some(order) = state.orders.get_mut(order_id) {
             order.phase = Phase::Decided;
             order.status = OrderStatus::Declined;
-            "CALLER_ABANDONED".clone_into(&mut order.reason);
+            order.reason = Some(Reason::CallerAbandoned);
             order.retryable = true;
             order.retry_after_ms = Some(retry_after_ms);
             order.fraud_review = false;
@@ -399,17 +399,17 @@ impl OrderStore for MemoryStore {
                     .any(|(_, job)| job.kind == kind && job.state == JobState::Pending)
             };
             let reason = if pending_kind(JobKind::WalletReconcile) {
-                "WALLET_OUTCOME_UNKNOWN"
+                Reason::WalletOutcomeUnknown
             } else if pending_kind(JobKind::FraudRescore) {
-                "FRAUD_REVIEW"
+                Reason::FraudReview
             } else {
-                "BUDGET_EXHAUSTED"
+                Reason::BudgetExhausted
             };
             if let Some(order) = state.orders.get_mut(&order_id)
                 && order.status == OrderStatus::Pending
-                && order.reason == "PARKED"
+                && order.reason == Some(Reason::Parked)
             {
-                reason.clone_into(&mut order.reason);
+                order.reason = Some(reason);
                 order.retry_after_ms = Some(retry_after_ms);
                 order.updated_at_ms = now_ms;
             }
@@ -513,7 +513,7 @@ impl OrderStore for MemoryStore {
                 if let Some(order) = state.orders.get_mut(&order_id)
                     && order.status == OrderStatus::Pending
                 {
-                    order.reason = "PARKED".to_owned();
+                    order.reason = Some(Reason::Parked);
                     order.retry_after_ms = None;
                     order.updated_at_ms = *at_ms;
                 }

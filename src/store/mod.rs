@@ -29,7 +29,10 @@
 //!   commit); `sql.rs`: statements and row decoding both SQL backends share; `bounded.rs`: the
 //!   time bound of one call and how its failure is classified; `health.rs`: the flag PlaceOrder
 //!   reads before admission, set by the store watch's probe; `schema.rs`: the embedded
-//!   migrations (`migrations/sqlite/`, `migrations/postgres/`), applied at open.
+//!   migrations (`migrations/sqlite/`, `migrations/postgres/`), applied at open;
+//!   `records.rs`: the records, their codes parsed into types where a row is read (status,
+//!   phase, [`Reason`], job kind), and the store's errors. [`StoreConfig`] (`[store]`) and
+//!   [`open`] are here.
 //!
 //! Durability is per call: a write that returned Ok has committed (with `synchronous = FULL`
 //! on SQLite, and PostgreSQL's default `synchronous_commit`, it survives a crash). The durable
@@ -51,18 +54,94 @@ mod sqlite;
 
 pub use health::StoreHealth;
 pub use memory::MemoryStore;
-pub use postgres::PostgresStore;
+pub use postgres::{Pooler, PostgresStore};
 pub use records::{
     Begin, Claimed, Decision, Failure, Job, JobKind, JobOutcome, JobStats, Money, NewJob, NewOrder,
-    OrderRecord, OrderStatus, ParkedJob, Phase, StoreError, TimeLimit,
+    OrderRecord, OrderStatus, ParkedJob, Phase, Reason, StoreError, TimeLimit,
 };
-pub use sqlite::{SqliteStore, limit_memory as limit_sqlite_memory};
+pub use sqlite::{SqliteStore, SqliteSynchronous, limit_memory as limit_sqlite_memory};
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::Deserialize;
 
-use crate::config::StoreConfig;
+/// `store.*` keys. Its `Debug` hides the database password.
+#[derive(Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Directory of the embedded SQLite database (`checkout.db`).
+    pub data_dir: PathBuf,
+    /// A `postgres://` URL selects PostgreSQL instead of SQLite.
+    pub database_url: Option<String>,
+    /// Keeps orders and jobs in this process's memory only (`serve --memory-store`): nothing
+    /// survives the process, so a restart forgets every order, idempotency key and pending
+    /// capture. For benchmarks (`bench/run`'s serve-memory lane) and trying things out, never
+    /// for real orders. Excludes `database_url`.
+    pub in_memory: bool,
+    /// SQLite durability.
+    pub sqlite_synchronous: SqliteSynchronous,
+    /// Cap, in MiB, on the memory SQLite keeps in this process (its page caches above all:
+    /// every connection fills its own with the pages it touched, more of them as the file
+    /// grows). Applied as SQLite's soft heap limit:
+    /// past it SQLite reuses cached pages instead of allocating; an evicted page is read again
+    /// from the operating system's cache.
+    pub sqlite_memory_limit_mib: u32,
+    /// Connections in the pool (PostgreSQL; SQLite readers).
+    pub max_connections: u32,
+    /// Bound on store calls made outside a request (worker, GetOrder, startup).
+    #[serde(with = "humantime_serde")]
+    pub background_timeout: Duration,
+    /// Kept back from the remaining budget for PostgreSQL's `statement_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub statement_guard: Duration,
+    /// How often a small write proves the store still accepts writes; health turns
+    /// NOT_SERVING while it does not.
+    #[serde(with = "humantime_serde")]
+    pub probe_interval: Duration,
+    /// The connection pooler in front of PostgreSQL, if any (`none`, `session`,
+    /// `transaction`).
+    pub pooler: Pooler,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("data_dir", &self.data_dir)
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(redact_url),
+            )
+            .field("in_memory", &self.in_memory)
+            .field("sqlite_synchronous", &self.sqlite_synchronous)
+            .field("sqlite_memory_limit_mib", &self.sqlite_memory_limit_mib)
+            .field("max_connections", &self.max_connections)
+            .field("background_timeout", &self.background_timeout)
+            .field("statement_guard", &self.statement_guard)
+            .field("probe_interval", &self.probe_interval)
+            .field("pooler", &self.pooler)
+            .finish()
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("data"),
+            database_url: None,
+            in_memory: false,
+            sqlite_synchronous: SqliteSynchronous::Full,
+            sqlite_memory_limit_mib: 16,
+            max_connections: 16,
+            background_timeout: Duration::from_secs(5),
+            statement_guard: Duration::from_millis(5),
+            probe_interval: Duration::from_secs(5),
+            pooler: Pooler::None,
+        }
+    }
+}
 
 /// Opens the store the configuration names: PostgreSQL when `database_url` is set (a
 /// `postgres://` or `postgresql://` URL), process memory when `in_memory` is (nothing durable:
@@ -110,7 +189,7 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn OrderStore>, StoreErro
 /// `error` with any trace of the password in `url` replaced by `***`: a driver may repeat the
 /// URL it was given, and errors end up in logs.
 fn without_password(error: StoreError, url: &str) -> StoreError {
-    let redacted = crate::config::redact_url(url);
+    let redacted = redact_url(url);
     let scrub = |text: String| {
         let text = text.replace(url, &redacted);
         match url_password(url) {
@@ -257,4 +336,26 @@ pub trait OrderStore: Send + Sync + 'static {
     /// Closes the store's connections at shutdown (SQLite checkpoints its WAL); calls made
     /// afterwards fail with [`StoreError::Unavailable`]. Does nothing by default.
     async fn close(&self) {}
+}
+
+/// `url` with its password (if any) replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    match userinfo.find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &userinfo[..colon],
+            &rest[at..]
+        ),
+        None => url.to_owned(),
+    }
 }

@@ -6,7 +6,9 @@
 
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use super::{JobKind, JobStats, Money, NewOrder, OrderRecord, OrderStatus, Phase, StoreError};
+use super::{
+    JobKind, JobStats, Money, NewOrder, OrderRecord, OrderStatus, Phase, Reason, StoreError,
+};
 
 /// The columns of an order (table alias `o`) that [`order_from_row`] reads, including
 /// `parked_jobs`: the comma-separated kinds of the order's parked jobs, built by the backend's
@@ -241,7 +243,7 @@ pub(super) fn received(order: &NewOrder) -> OrderRecord {
         order: order.clone(),
         phase: Phase::Received,
         status: OrderStatus::Pending,
-        reason: "IN_PROGRESS".to_owned(),
+        reason: Some(Reason::InProgress),
         retryable: false,
         retry_after_ms: None,
         total: None,
@@ -358,7 +360,7 @@ pub(super) fn order_from_row<R: Columns + ?Sized>(row: &R) -> Result<OrderRecord
         },
         phase: Phase::parse(&row.text("phase")?)?,
         status: OrderStatus::parse(&row.text("status")?)?,
-        reason: row.text("reason")?,
+        reason: Reason::from_stored(&row.text("reason")?)?,
         retryable: row.flag("retryable")?,
         retry_after_ms: row.opt_int("retry_after_ms")?,
         total: money(

@@ -7,14 +7,13 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
+use super::Settings;
 use crate::budget::{Budgeter, Step};
 use crate::checkout::{
-    Exposure, Held, Lookup, Reason, Rules, StepCalls, Stop, Tried, Unsettled, Verdict, millis,
+    Exposure, Held, Reason, Reconciled, Rules, StepCalls, Stop, Tried, Unsettled, Verdict,
 };
-use crate::config::Config;
 use crate::deadline::{Deadline, now_ms};
-use crate::downstream::{CallClass, CallError, Downstreams, HoldId};
-use crate::proto::wallet::v1 as wallet;
+use crate::downstream::{CallClass, CallError, Downstreams};
 use crate::store::{JobKind, Money, OrderRecord, OrderStatus, OrderStore, Phase, TimeLimit};
 
 /// How an attempt ended, before it is written.
@@ -111,7 +110,7 @@ pub struct JobAttempt<'a> {
     /// The store.
     pub store: &'a dyn OrderStore,
     /// Policy.
-    pub config: &'a Config,
+    pub settings: &'a Settings,
     /// Budgets.
     pub budgeter: &'a Budgeter,
     /// This attempt's deadline (`worker.attempt_timeout`).
@@ -157,13 +156,10 @@ impl<'a> JobAttempt<'a> {
     /// Every step is repeated with the same reference, so what already happened is found, not
     /// redone.
     async fn drive(&self, order: &OrderRecord) -> Result<Handled, JobError> {
-        let owned_elsewhere = [
-            Reason::FraudReview,
-            Reason::WalletOutcomeUnknown,
-            Reason::Parked,
-        ]
-        .iter()
-        .any(|r| r.as_str() == order.reason);
+        let owned_elsewhere = matches!(
+            order.reason,
+            Some(Reason::FraudReview | Reason::WalletOutcomeUnknown | Reason::Parked)
+        );
         if order.status.is_terminal() || owned_elsewhere {
             return Ok(Handled::Done(None));
         }
@@ -175,7 +171,7 @@ impl<'a> JobAttempt<'a> {
 
     /// The steps of [`JobAttempt::drive`], decided by the worker's [`Rules`].
     async fn drive_steps(&self, order: &OrderRecord) -> Result<Verdict, Halt> {
-        let rules = Rules::worker(self.config);
+        let rules = Rules::worker(self.settings.retry_after);
         // An earlier attempt may have reserved stock, and — once HOLD_SENT was recorded —
         // placed the hold: a decline releases both.
         let exposure = Exposure {
@@ -203,7 +199,7 @@ impl<'a> JobAttempt<'a> {
                     &o.order_id,
                     &total,
                     now_ms(),
-                    TimeLimit(self.config.store.background_timeout),
+                    TimeLimit(self.settings.store_timeout),
                 )
                 .await
                 .map_err(|e| JobError::Transient(format!("recording HOLD_SENT: {e}")))?;
@@ -224,8 +220,12 @@ impl<'a> JobAttempt<'a> {
             .hold(&budget, self.stop, &total)
             .await
             .outcome;
-        let verdict =
-            Rules::worker(self.config).hold(Tried::Sent(outcome), total, fraud_review, false)?;
+        let verdict = Rules::worker(self.settings.retry_after).hold(
+            Tried::Sent(outcome),
+            total,
+            fraud_review,
+            false,
+        )?;
         Ok(verdict)
     }
 
@@ -241,73 +241,44 @@ impl<'a> JobAttempt<'a> {
             .score(&budget, self.stop, &held.total)
             .await
             .outcome;
-        let verdict = Rules::worker(self.config).rescored(fraud, held)?;
+        let verdict = Rules::worker(self.settings.retry_after).rescored(fraud, held)?;
         Ok(Handled::Done(Some(verdict)))
     }
 
-    /// Finds out by reference whether a hold exists. For a PENDING order (outcome unknown) a
-    /// found hold decides it; nothing found after the settle window means the hold is re-sent
-    /// with the SAME reference. For a DECLINED order (the caller abandoned it mid-hold) a found
-    /// hold is released.
+    /// Finds out by reference whether a hold exists, and does what [`Rules::reconcile`] says
+    /// that means: release a declined order's hold, decide a pending one by the hold found, or
+    /// re-send its hold with the SAME reference once the settle window has passed.
     async fn reconcile(&self, order: &OrderRecord) -> Result<Handled, JobError> {
         if order.status == OrderStatus::Confirmed {
             return Ok(Handled::Done(None));
         }
-        let policy = &self.config.retry_after;
-        let reference = self.reference(order);
         let budget = self.budget(Step::WalletLookup)?;
         let looked = self.calls(order).lookup(&budget, self.stop).await.outcome;
-        let settle_until = order.hold_sent_at_ms.unwrap_or(order.order.created_at_ms)
-            + millis(self.config.worker.settle_window);
-        match looked {
-            Lookup::Found(hold) => match (order.status, hold.state()) {
-                (OrderStatus::Declined, wallet::HoldState::Active) => {
-                    self.downstreams
-                        .release_hold(&self.budget(Step::WalletHold)?, self.stop, reference)
-                        .await
-                        .map_err(|e| JobError::call("wallet release", &e))?;
-                    Ok(Handled::Done(None))
-                }
-                (OrderStatus::Declined, wallet::HoldState::Captured) => Err(JobError::Permanent(
-                    "a declined order's hold was captured: refund needed".into(),
-                )),
-                (OrderStatus::Declined, _) => Ok(Handled::Done(None)),
-                (_, wallet::HoldState::Active | wallet::HoldState::Captured) => {
-                    // A hold decides the order only with its id and total, never defaults.
-                    let total = order.total.clone().ok_or_else(|| {
-                        JobError::Permanent("a hold was found for an order without a total".into())
-                    })?;
-                    let hold_id = HoldId::new(hold.hold_id).map_err(|_| {
-                        JobError::Transient("the wallet found the hold but did not name it".into())
-                    })?;
-                    let held = Held { hold_id, total };
-                    Ok(Handled::Done(Some(Verdict::held(
-                        held,
-                        order.fraud_review,
-                        policy,
-                    ))))
-                }
-                (_, state) => Err(JobError::Permanent(format!(
-                    "hold for a pending order is {state:?}"
-                ))),
-            },
-            Lookup::NotFound => {
-                if now_ms() < settle_until {
-                    return Ok(Handled::Wait {
-                        until_ms: settle_until,
-                        why: "no hold yet; waiting for the settle window".into(),
-                    });
-                }
-                if order.status == OrderStatus::Declined {
-                    return Ok(Handled::Done(None));
-                }
-                let total = order.total.clone().ok_or_else(|| {
-                    JobError::Permanent("unknown hold outcome without a total".into())
-                })?;
+        let rules = Rules::worker(self.settings.retry_after);
+        match rules.reconcile(order, looked, self.settings.worker.settle_window, now_ms()) {
+            Reconciled::Done => Ok(Handled::Done(None)),
+            Reconciled::Decided(verdict) => Ok(Handled::Done(Some(verdict))),
+            Reconciled::Release => {
+                self.downstreams
+                    .release_hold(
+                        &self.budget(Step::WalletHold)?,
+                        self.stop,
+                        self.reference(order),
+                    )
+                    .await
+                    .map_err(|e| JobError::call("wallet release", &e))?;
+                Ok(Handled::Done(None))
+            }
+            Reconciled::Wait { until_ms } => Ok(Handled::Wait {
+                until_ms,
+                why: "no hold yet; waiting for the settle window".into(),
+            }),
+            Reconciled::Rehold { total } => {
                 let verdict = self.hold(order, total, order.fraud_review).await?;
                 Ok(Handled::Done(Some(verdict)))
             }
-            Lookup::Failed(e) => Err(JobError::call("wallet lookup", &e)),
+            Reconciled::Unsettled(unsettled) => Err(unsettled.into()),
+            Reconciled::Inconsistent(found) => Err(JobError::Permanent(found.to_string())),
         }
     }
 

@@ -13,6 +13,7 @@
 mod backoff;
 mod jobs;
 mod operator;
+mod policy;
 mod retry_budget;
 mod trace;
 
@@ -31,13 +32,12 @@ use tracing::Instrument as _;
 pub use backoff::Backoff;
 pub use jobs::{Handled, JobAttempt, JobError};
 pub use operator::OperatorApi;
-pub use retry_budget::RetryBudget;
+pub use policy::{IdempotencyPolicy, Settings, WorkerPolicy};
+pub use retry_budget::{RetryBudget, RetryBudgetPolicy};
 
 use crate::admission::AdaptiveLimiter;
 use crate::budget::Budgeter;
-use crate::checkout::millis;
-use crate::config::Config;
-use crate::deadline::{Deadline, now_ms};
+use crate::deadline::{Deadline, millis, now_ms};
 use crate::downstream::Downstreams;
 use crate::store::{
     Claimed, Failure, Job, JobKind, JobOutcome, OrderRecord, OrderStatus, OrderStore,
@@ -45,7 +45,7 @@ use crate::store::{
 
 /// Works jobs until stopped.
 pub struct Worker {
-    config: Arc<Config>,
+    settings: Settings,
     budgeter: Budgeter,
     downstreams: Downstreams,
     store: Arc<dyn OrderStore>,
@@ -107,7 +107,7 @@ impl Shedding {
 
 impl Worker {
     /// A worker over the shared clients and store.
-    pub fn new(config: Arc<Config>, downstreams: Downstreams, store: Arc<dyn OrderStore>) -> Self {
+    pub fn new(settings: Settings, downstreams: Downstreams, store: Arc<dyn OrderStore>) -> Self {
         let owner = format!(
             "{}-{}-{:08x}",
             hostname(),
@@ -115,10 +115,10 @@ impl Worker {
             rand::random::<u32>()
         );
         Self {
-            budgeter: Budgeter::new(&config.deadline, &config.steps),
-            retry_budget: Arc::new(RetryBudget::new(&config.retry_budget)),
-            compensation_budget: Arc::new(RetryBudget::new(&config.retry_budget)),
-            config,
+            budgeter: Budgeter::new(&settings.deadline, &settings.steps),
+            retry_budget: Arc::new(RetryBudget::new(&settings.retry_budget)),
+            compensation_budget: Arc::new(RetryBudget::new(&settings.retry_budget)),
+            settings,
             downstreams,
             store,
             owner,
@@ -165,17 +165,17 @@ impl Worker {
     /// Claims and works jobs until `stop` fires, then lets attempts in flight end (each is bounded
     /// by `attempt_timeout`; an attempt cut short is retried by whoever holds the next lease).
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let concurrency = self.config.worker.concurrency;
+        let concurrency = self.settings.worker.concurrency;
         let slots = Arc::new(Semaphore::new(concurrency));
         let mut shedding = Shedding::new(self.pressure.clone());
         let attempts = TaskTracker::new();
         let mut next_purge = Instant::now();
-        let mut failing = ClaimFailures::new(self.config.worker.poll_interval);
+        let mut failing = ClaimFailures::new(self.settings.worker.poll_interval);
         tracing::info!(owner = %self.owner, "worker started");
         loop {
             if Instant::now() >= next_purge {
                 self.purge().await;
-                next_purge = Instant::now() + self.config.worker.purge_interval;
+                next_purge = Instant::now() + self.settings.worker.purge_interval;
             }
             // Wait for a free slot (not a poll interval): a busy worker claims again the moment
             // an attempt ends.
@@ -192,12 +192,12 @@ impl Worker {
                 // The request path is shedding and our share is in use: wait for one to end.
                 drop(first);
                 tokio::select! {
-                    () = tokio::time::sleep(self.config.worker.poll_interval) => continue,
+                    () = tokio::time::sleep(self.settings.worker.poll_interval) => continue,
                     () = stop.cancelled() => break,
                 }
             }
             let now = now_ms();
-            let lease_until = now + millis(self.config.worker.lease);
+            let lease_until = now + millis(self.settings.worker.lease);
             let claimed = match self
                 .store
                 .claim_due(&self.owner, now, lease_until, free)
@@ -242,7 +242,7 @@ impl Worker {
             drop(first);
             if drained {
                 tokio::select! {
-                    () = tokio::time::sleep(self.config.worker.poll_interval) => {}
+                    () = tokio::time::sleep(self.settings.worker.poll_interval) => {}
                     () = stop.cancelled() => break,
                 }
             }
@@ -266,7 +266,7 @@ impl Worker {
     }
 
     async fn work_in_span(&self, job: Job, order: Option<OrderRecord>, stop: &CancellationToken) {
-        let policy = &self.config.worker;
+        let policy = &self.settings.worker;
         let Some(order) = order else {
             // Purged with its order: nothing left to do.
             self.finish(&job, &JobOutcome::Done(None)).await;
@@ -291,7 +291,7 @@ impl Worker {
         let attempt = JobAttempt {
             downstreams: &self.downstreams,
             store: self.store.as_ref(),
-            config: &self.config,
+            settings: &self.settings,
             budgeter: &self.budgeter,
             deadline: Deadline::after(policy.attempt_timeout),
             stop,
@@ -330,7 +330,7 @@ impl Worker {
     /// What a failed attempt leads to: parked (an inconsistency; `max_attempts` rejections;
     /// `park_after` of transient failures), else a retry after backoff.
     fn after_failure(&self, job: &Job, error: JobError, now: i64) -> JobOutcome {
-        let policy = &self.config.worker;
+        let policy = &self.settings.worker;
         let (failure, text) = match error {
             JobError::Stopping => {
                 return JobOutcome::RetryAt {
@@ -386,7 +386,7 @@ impl Worker {
     }
 
     async fn purge(&self) {
-        let before = now_ms() - millis(self.config.idempotency.retention);
+        let before = now_ms() - millis(self.settings.idempotency.retention);
         match self.store.purge_terminal(before).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(purged = n, "purged terminal orders past retention"),

@@ -8,8 +8,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
 use super::RetryBudget;
-use crate::checkout::{CheckoutError, FieldViolation, is_order_id, millis};
-use crate::config::Config;
+use crate::checkout::RetryAfterPolicy;
+use crate::checkout::{CheckoutError, FieldViolation, is_order_id};
+use crate::deadline::millis;
 use crate::deadline::now_ms;
 use crate::proto::checkout::v1::{
     self as pb, operator_service_server::OperatorService, retry_parked_jobs_request::Target,
@@ -26,7 +27,8 @@ pub struct OperatorApi {
     store: Arc<dyn OrderStore>,
     retry_budgets: [Arc<RetryBudget>; 2],
     claims: Arc<AtomicU64>,
-    config: Arc<Config>,
+    /// The advice put on answers (`retry_after.*`).
+    retry_after: RetryAfterPolicy,
 }
 
 impl OperatorApi {
@@ -36,20 +38,20 @@ impl OperatorApi {
         store: Arc<dyn OrderStore>,
         retry_budgets: [Arc<RetryBudget>; 2],
         claims: Arc<AtomicU64>,
-        config: Arc<Config>,
+        retry_after: RetryAfterPolicy,
     ) -> Self {
         Self {
             store,
             retry_budgets,
             claims,
-            config,
+            retry_after,
         }
     }
 
     fn unavailable(&self, source: crate::store::StoreError) -> Status {
         CheckoutError::StoreUnavailable {
             source,
-            retry_after: self.config.retry_after.unavailable,
+            retry_after: self.retry_after.unavailable,
         }
         .into()
     }
@@ -161,7 +163,7 @@ impl OperatorService for OperatorApi {
             .retry_parked(
                 order_id.as_deref(),
                 now_ms(),
-                millis(self.config.retry_after.pending),
+                millis(self.retry_after.pending),
             )
             .await
             .map_err(|e| self.unavailable(e))?;

@@ -3,10 +3,34 @@
 //! Finagle's design). When it is spent, retries wait; they are never dropped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tower::retry::budget::{Budget, TpsBudget};
 
-use crate::config::RetryBudgetPolicy;
+use serde::Deserialize;
+
+/// `retry_budget.*` keys (the retry-tax arithmetic of docs/design.md §6; tower's `TpsBudget`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryBudgetPolicy {
+    /// Retries allowed as a percentage of first attempts.
+    pub percent: f64,
+    /// Window over which first attempts are counted.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Retries per second allowed regardless of traffic.
+    pub floor_per_second: u32,
+}
+
+impl Default for RetryBudgetPolicy {
+    fn default() -> Self {
+        Self {
+            percent: 8.0,
+            window: Duration::from_secs(10),
+            floor_per_second: 10,
+        }
+    }
+}
 
 /// A token bucket over first attempts, with counters for operators.
 #[derive(Debug)]

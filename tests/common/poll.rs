@@ -3,8 +3,10 @@
 //!
 //! Every test of the workspace that waits does so through [`poll_until`] (or [`poll`], when
 //! the caller words the failure itself). The service's suites reach it through `common`; the
-//! stubs' and the bench's tests and the library's unit tests include this file by path, so
-//! there is one helper, not one per crate. It depends on nothing but tokio.
+//! stubs' and the bench's tests and the library's unit tests include this file by path, and
+//! `checkout-testkit` includes it as its public `poll` module (other teams' tests wait through
+//! it, and so do the bench's scenarios), so there is one helper, not one per crate. It depends
+//! on nothing but tokio.
 //!
 //! Time is tokio's clock: a test under paused time (`start_paused`) polls without sleeping,
 //! the clock jumping to each next poll.

@@ -88,6 +88,24 @@ impl Replica {
         }
     }
 
+    /// The gRPC health of this replica's CheckoutService.
+    async fn health(&self) -> tonic_health::pb::health_check_response::ServingStatus {
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let channel = Endpoint::from_shared(self.server.uri())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: "checkout.v1.CheckoutService".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status()
+    }
+
     /// Places with a `grpc-timeout`; returns the answer and how long it took.
     async fn place(
         &self,
@@ -408,13 +426,24 @@ async fn a_pending_order_of_a_stopped_replica_is_finished_by_the_other() {
 /// are allowed again, the same key is CONFIRMED by the same process, with no restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreachable_database_is_answered_unavailable_and_recovered_from_without_restart() {
+    use tonic_health::pb::health_check_response::ServingStatus;
     let database = TestDatabase::create("checkout_e2e").await;
     let stubs = Stubs::start().await;
     let replica = Replica::start(&stubs.server, &database, |_| {}).await;
+    // Readiness is decided in the background once the store and downstreams answer.
+    poll_until(
+        "health SERVING after start",
+        EVENTUALLY,
+        Duration::from_millis(50),
+        || replica.health(),
+        |s| *s == ServingStatus::Serving,
+    )
+    .await;
 
     database.cut_off(EVENTUALLY).await;
-    // The first attempt meets the pool's terminated connections, the later ones a server
-    // that refuses new ones.
+    // The first attempt meets the pool's terminated connections, and its failed write wakes the
+    // store's probe; the later ones come once the probe has found the server refusing new
+    // connections (health NOT_SERVING).
     for attempt in 0..3 {
         let (answer, took) = replica.place(order("outage", "cart-700"), SECOND).await;
         let status = answer.expect_err("nothing can be recorded");
@@ -431,7 +460,16 @@ async fn an_unreachable_database_is_answered_unavailable_and_recovered_from_with
             took < SECOND,
             "attempt {attempt} answered after its deadline: {took:?}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if attempt == 0 {
+            poll_until(
+                "CheckoutService health (NOT_SERVING once the probe finds the database gone)",
+                EVENTUALLY,
+                Duration::from_millis(50),
+                || replica.health(),
+                |s| *s == ServingStatus::NotServing,
+            )
+            .await;
+        }
     }
     let called: Vec<_> = stubs
         .stats()

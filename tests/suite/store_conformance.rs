@@ -13,7 +13,8 @@ use std::time::Duration;
 use checkout::config::SqliteSynchronous;
 use checkout::store::{
     Begin, Decision, Failure, Job, JobKind, JobOutcome, JobStats, MemoryStore, Money, NewJob,
-    NewOrder, OrderRecord, OrderStatus, OrderStore, Phase, SqliteStore, StoreError, TimeLimit,
+    NewOrder, OrderRecord, OrderStatus, OrderStore, Phase, Reason, SqliteStore, StoreError,
+    TimeLimit,
 };
 use tempfile::TempDir;
 
@@ -54,7 +55,7 @@ fn decision(order_id: &str, status: OrderStatus, reason: &str, at_ms: i64) -> De
     Decision {
         order_id: order_id.to_owned(),
         status,
-        reason: reason.to_owned(),
+        reason: Reason::from_stored(reason).expect("a reason code, or empty"),
         retryable: false,
         retry_after_ms: None,
         total: None,
@@ -251,7 +252,7 @@ mod cases {
         assert_eq!(created.order, order);
         assert_eq!(created.phase, Phase::Received);
         assert_eq!(created.status, OrderStatus::Pending);
-        assert_eq!(created.reason, "IN_PROGRESS");
+        assert_eq!(Reason::stored(created.reason), "IN_PROGRESS");
         assert!(!created.retryable && !created.fraud_review);
         assert_eq!(created.retry_after_ms, None);
         assert_eq!(
@@ -376,7 +377,7 @@ mod cases {
         let confirmed = store.decide(&confirm, LIMIT).await.expect("decide");
         assert_eq!(confirmed.phase, Phase::Decided);
         assert_eq!(confirmed.status, OrderStatus::Confirmed);
-        assert_eq!(confirmed.reason, "");
+        assert_eq!(Reason::stored(confirmed.reason), "");
         assert_eq!(
             confirmed.total,
             Some(usd(4_200)),
@@ -425,7 +426,7 @@ mod cases {
             .expect("pending decision");
         assert_eq!(recorded.phase, Phase::Decided);
         assert_eq!(recorded.status, OrderStatus::Pending);
-        assert_eq!(recorded.reason, "FRAUD_REVIEW");
+        assert_eq!(Reason::stored(recorded.reason), "FRAUD_REVIEW");
         assert_eq!(recorded.retry_after_ms, Some(1_000));
         assert!(recorded.fraud_review);
         assert_eq!(recorded.total, Some(usd(4_200)));
@@ -438,7 +439,7 @@ mod cases {
             .await
             .expect("final decision");
         assert_eq!(final_.status, OrderStatus::Declined);
-        assert_eq!(final_.reason, "FRAUD_DENIED");
+        assert_eq!(Reason::stored(final_.reason), "FRAUD_DENIED");
         assert_eq!(final_.retry_after_ms, None);
         assert!(!final_.fraud_review);
         assert_eq!(final_.total, Some(usd(4_200)));
@@ -626,7 +627,10 @@ mod cases {
         for outcome in &outcomes {
             assert!(!store.finish_job(&mine, outcome).await.expect("finish"));
         }
-        assert_eq!(stored(store, "o-1").await.reason, "IN_PROGRESS");
+        assert_eq!(
+            Reason::stored(stored(store, "o-1").await.reason),
+            "IN_PROGRESS"
+        );
         assert!(
             store
                 .finish_job(theirs, &JobOutcome::Done(None))
@@ -700,7 +704,7 @@ mod cases {
         assert!(store.finish_job(&drive, &park).await.expect("park"));
         let order = stored(store, "o-1").await;
         assert_eq!(order.status, OrderStatus::Pending);
-        assert_eq!(order.reason, "PARKED");
+        assert_eq!(Reason::stored(order.reason), "PARKED");
         assert_eq!(order.retry_after_ms, None);
         assert_eq!(order.updated_at_ms, 50);
         assert_eq!(order.parked_jobs, [JobKind::DriveOrder]);
@@ -937,7 +941,9 @@ mod cases {
                     } else {
                         (OrderStatus::Declined, JobKind::WalletRelease)
                     };
-                    let mut d = decision("o-1", status, &format!("R{i}"), 100 + i);
+                    // A reason of its own per decision: the one stored tells which applied.
+                    let reason = Reason::ALL[usize::try_from(i).expect("0..10")].as_str();
+                    let mut d = decision("o-1", status, reason, 100 + i);
                     d.jobs = vec![job(kind, 500)];
                     d.complete = vec![JobKind::DriveOrder];
                     store.decide(&d, LIMIT).await.expect("decide")
@@ -1088,7 +1094,7 @@ mod cases {
                     .expect("park")
             );
         }
-        assert_eq!(stored(store, "o-1").await.reason, "PARKED");
+        assert_eq!(Reason::stored(stored(store, "o-1").await.reason), "PARKED");
 
         let first_page = store.list_parked(0, 1).await.expect("list");
         assert_eq!(first_page.len(), 1);
@@ -1117,17 +1123,25 @@ mod cases {
         );
         let o2 = stored(store, "o-2").await;
         assert_eq!(
-            (o2.reason.as_str(), o2.retry_after_ms, o2.parked_jobs.len()),
+            (
+                Reason::stored(o2.reason),
+                o2.retry_after_ms,
+                o2.parked_jobs.len()
+            ),
             ("WALLET_OUTCOME_UNKNOWN", Some(1_000), 0)
         );
-        assert_eq!(stored(store, "o-1").await.reason, "PARKED", "only o-2's");
+        assert_eq!(
+            Reason::stored(stored(store, "o-1").await.reason),
+            "PARKED",
+            "only o-2's"
+        );
         assert_eq!(
             store.retry_parked(None, 600, 1_000).await.expect("retry"),
             1
         );
         let o1 = stored(store, "o-1").await;
         assert_eq!(
-            (o1.reason.as_str(), o1.parked_jobs.len()),
+            (Reason::stored(o1.reason), o1.parked_jobs.len()),
             ("BUDGET_EXHAUSTED", 0)
         );
         assert!(store.list_parked(0, 10).await.expect("list").is_empty());
@@ -1218,7 +1232,7 @@ mod cases {
         assert_eq!(
             (
                 o1.status,
-                o1.reason.as_str(),
+                Reason::stored(o1.reason),
                 o1.retryable,
                 o1.retry_after_ms
             ),
@@ -1379,6 +1393,31 @@ mod sqlite_file {
         reopened.close().await;
     }
 
+    /// A stored reason code no reason has is read as a corrupt record, never as some reason or
+    /// as none: the code is parsed where the row is read.
+    #[tokio::test]
+    async fn an_unknown_stored_reason_is_a_corrupt_record() {
+        let dir = TempDir::new().expect("temp dir");
+        let store = SqliteStore::open(dir.path(), SqliteSynchronous::Full, 2, BACKGROUND)
+            .await
+            .expect("open");
+        create(&store, "o-1", 100).await;
+        let mut other = SqliteConnection::connect(&format!("sqlite://{}", store.path().display()))
+            .await
+            .expect("second connection");
+        other
+            .execute("UPDATE orders SET reason = 'NOT_A_REASON' WHERE order_id = 'o-1'")
+            .await
+            .expect("written behind the store's back");
+        other.close().await.expect("closed");
+        let read = store.get("o-1").await;
+        assert!(
+            matches!(&read, Err(StoreError::Corrupt(why)) if why.contains("NOT_A_REASON")),
+            "{read:?}"
+        );
+        store.close().await;
+    }
+
     /// While another process holds the write lock, a request-path write gives up within its
     /// limit with Timeout, and nothing is applied.
     #[tokio::test]
@@ -1430,12 +1469,15 @@ mod sqlite_file {
             .expect("second connection");
         other.execute("BEGIN IMMEDIATE").await.expect("lock");
 
-        // A write with a long limit takes the writer first and waits for the lock.
-        let ahead = {
-            let store = Arc::clone(&store);
-            tokio::spawn(async move { store.begin(&new_order("o-2", 0), 5_000, LIMIT).await })
-        };
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A write with a long limit takes the writer first and waits for the lock. Polled once,
+        // it is in the writer's queue (the queue has room, so its send completes at once), and
+        // the queue is first in, first out: the late write below is queued behind it.
+        let o2 = new_order("o-2", 0);
+        let mut ahead = std::pin::pin!(store.begin(&o2, 5_000, LIMIT));
+        assert!(
+            futures::poll!(&mut ahead).is_pending(),
+            "the write ahead waits for the lock"
+        );
         let started = std::time::Instant::now();
         let late = store
             .record_hold_intent("o-1", &usd(1), 10, TimeLimit(Duration::from_millis(100)))
@@ -1452,7 +1494,7 @@ mod sqlite_file {
 
         tokio::time::sleep(Duration::from_millis(100)).await;
         other.execute("ROLLBACK").await.expect("unlock");
-        let begun = ahead.await.expect("task").expect("the write ahead commits");
+        let begun = ahead.await.expect("the write ahead commits");
         assert!(matches!(begun, Begin::Created(_)), "{begun:?}");
         // One more write through the writer, so anything still queued has been seen.
         create(&*store, "o-3", 100).await;

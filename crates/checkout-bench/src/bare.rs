@@ -59,7 +59,7 @@ pub async fn run(args: BareArgs) -> anyhow::Result<()> {
     serve(
         listener,
         &args.downstream,
-        checkout::cli::signal::shutdown(),
+        checkout::server::shutdown_signal(),
     )
     .await
 }

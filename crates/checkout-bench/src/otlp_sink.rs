@@ -83,7 +83,7 @@ pub async fn run(args: OtlpSinkArgs) -> anyhow::Result<()> {
         .add_service(MetricsServiceServer::new(sink.clone()).max_decoding_message_size(64 << 20))
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener),
-            checkout::cli::signal::shutdown(),
+            checkout::server::shutdown_signal(),
         )
         .await?;
     println!("spans received: {}", sink.spans.load(Ordering::Relaxed));

@@ -28,7 +28,7 @@ pub struct ScenarioArgs {
 pub async fn run(args: ScenarioArgs) -> anyhow::Result<()> {
     if args.name == "list" {
         for s in &scenario::ALL {
-            println!("{:<14} {}\n{:<14} {}", s.name, s.seed, "", s.summary);
+            println!("{:<14} {}\n{:<14} {}", s.name, s.source, "", s.summary);
         }
         return Ok(());
     }

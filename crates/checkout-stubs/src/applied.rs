@@ -1,16 +1,12 @@
-//! What a stubbed method did to the stubs' data: its answer and the reference it changed, and
-//! the rich errors (`ErrorInfo`, `BadRequest`) the stubbed services answer with.
-
-use std::collections::HashMap;
-
-use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
+//! What a stubbed method did to the stubs' data: its answer and the reference it changed, or
+//! why it refused ([`Refusal`], in the data's own terms). A leaf: it knows no gRPC; the service
+//! layer (`handler`) turns a refusal into the status the real service would answer, in one place.
 
 /// What a handler did to the service data: its answer, and the reference it changed, if any.
 #[derive(Debug)]
 pub(crate) struct Applied<T> {
-    /// The answer to send.
-    pub(crate) result: Result<T, Status>,
+    /// The answer to send, or why there is none.
+    pub(crate) result: Result<T, Refusal>,
     /// The order reference whose state changed; `None` when nothing changed.
     pub(crate) effect: Option<String>,
 }
@@ -41,47 +37,58 @@ impl<T> Applied<T> {
     }
 
     /// A refusal; nothing changed.
-    pub(crate) fn rejected(status: Status) -> Self {
+    pub(crate) fn rejected(refusal: Refusal) -> Self {
         Self {
-            result: Err(status),
+            result: Err(refusal),
             effect: None,
         }
     }
 }
 
-/// A status carrying `google.rpc.ErrorInfo` (`reason`, `domain`, `metadata`).
-pub(crate) fn error_info(
-    code: Code,
-    message: impl Into<String>,
-    domain: &str,
-    reason: &str,
-    metadata: &[(&str, &str)],
-) -> Status {
-    let metadata: HashMap<String, String> = metadata
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    Status::with_error_details(
-        code,
-        message,
-        ErrorDetails::with_error_info(reason, domain, metadata),
-    )
+/// Why a stubbed method refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No such cart, reservation or hold (NOT_FOUND); the message says which.
+    NotFound(String),
+    /// The request is malformed (INVALID_ARGUMENT with `google.rpc.BadRequest`): one
+    /// `(field, problem)` per violation.
+    BadRequest(Vec<(&'static str, &'static str)>),
+    /// The data's state forbids it (FAILED_PRECONDITION with `google.rpc.ErrorInfo`): no funds,
+    /// out of stock, a hold or reservation already in the other final state.
+    Precondition(Info),
+    /// The reference is already taken (ALREADY_EXISTS with `google.rpc.ErrorInfo`).
+    AlreadyExists(Info),
 }
 
-/// INVALID_ARGUMENT carrying `google.rpc.BadRequest` with one violation per `(field, problem)`.
-pub(crate) fn bad_request(violations: Vec<(&str, &str)>) -> Status {
-    let message = violations
-        .iter()
-        .map(|(field, problem)| format!("{field}: {problem}"))
-        .collect::<Vec<_>>()
-        .join("; ");
-    let violations: Vec<FieldViolation> = violations
-        .into_iter()
-        .map(|(field, problem)| FieldViolation::new(field, problem))
-        .collect();
-    Status::with_error_details(
-        Code::InvalidArgument,
-        message,
-        ErrorDetails::with_bad_request(violations),
-    )
+/// A refusal's message and its `google.rpc.ErrorInfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Info {
+    /// For a human.
+    pub(crate) message: String,
+    /// The service's domain (`wallet.v1`, `inventory.v1`).
+    pub(crate) domain: &'static str,
+    /// The machine reason (`INSUFFICIENT_FUNDS`, `OUT_OF_STOCK`, …).
+    pub(crate) reason: &'static str,
+    /// What the caller needs to act on it, by key.
+    pub(crate) metadata: Vec<(&'static str, String)>,
+}
+
+impl Info {
+    /// `reason` in `domain`, said as `message`, with `metadata`.
+    pub(crate) fn new(
+        message: impl Into<String>,
+        domain: &'static str,
+        reason: &'static str,
+        metadata: &[(&'static str, &str)],
+    ) -> Self {
+        Self {
+            message: message.into(),
+            domain,
+            reason,
+            metadata: metadata
+                .iter()
+                .map(|(key, value)| (*key, (*value).to_owned()))
+                .collect(),
+        }
+    }
 }

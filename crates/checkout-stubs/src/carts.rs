@@ -5,9 +5,7 @@
 
 use std::num::NonZeroUsize;
 
-use tonic::Status;
-
-use super::applied::Applied;
+use super::applied::{Applied, Refusal};
 use super::history::{Records, Tally};
 use checkout_proto::cart::v1::{CartLine, FreezeCartRequest, FreezeCartResponse, Money};
 
@@ -45,7 +43,7 @@ impl Snapshots {
             return Applied::unchanged(snapshot.clone());
         }
         let Some(snapshot) = cart(&request.cart_id) else {
-            return Applied::rejected(Status::not_found(format!("no cart {:?}", request.cart_id)));
+            return Applied::rejected(Refusal::NotFound(format!("no cart {:?}", request.cart_id)));
         };
         if !request.reference.is_empty() {
             self.by_reference

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::applied::bad_request;
 use super::behavior::Behavior;
+use super::handler::bad_request;
 use super::method::{Method, Service};
 use super::state::State;
 use checkout_proto::stub::v1::stub_control_server::StubControl;

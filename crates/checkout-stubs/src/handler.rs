@@ -1,12 +1,15 @@
 //! The one wrapper every stubbed RPC goes through: it reads the call's deadline headers, counts
 //! the call, waits the drawn latency, injects the drawn fault, applies the effect at the END of the
-//! latency, and counts how the call ended — including being dropped before it answered.
+//! latency, and counts how the call ended — including being dropped before it answered. It is
+//! also the one place a refusal of the data ([`Refusal`]) becomes a gRPC status.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
-use super::applied::Applied;
+use super::applied::{Applied, Info, Refusal};
 use super::arrival::Arrival;
 use super::behavior::Fault;
 use super::method::Method;
@@ -49,7 +52,9 @@ pub(crate) async fn handle<Req, Resp>(
         tokio::time::sleep(draw.latency).await;
     }
     let result = match draw.fault {
-        Fault::None => state.apply(method, &arrival, |data| apply(data, message)),
+        Fault::None => state
+            .apply(method, &arrival, |data| apply(data, message))
+            .map_err(status),
         Fault::Unavailable => Err(Status::unavailable(format!(
             "{method}: injected fault UNAVAILABLE"
         ))),
@@ -77,4 +82,48 @@ pub(crate) async fn handle<Req, Resp>(
 async fn stall<T>() -> T {
     let never: Infallible = std::future::pending().await;
     match never {}
+}
+
+/// The status the real service answers a refusal with: NOT_FOUND; INVALID_ARGUMENT with
+/// `google.rpc.BadRequest`; FAILED_PRECONDITION or ALREADY_EXISTS with `google.rpc.ErrorInfo`.
+fn status(refusal: Refusal) -> Status {
+    match refusal {
+        Refusal::NotFound(message) => Status::not_found(message),
+        Refusal::BadRequest(violations) => bad_request(violations),
+        Refusal::Precondition(info) => error_info(Code::FailedPrecondition, info),
+        Refusal::AlreadyExists(info) => error_info(Code::AlreadyExists, info),
+    }
+}
+
+/// A status of `code` carrying `google.rpc.ErrorInfo` (`reason`, `domain`, `metadata`).
+fn error_info(code: Code, info: Info) -> Status {
+    let metadata: HashMap<String, String> = info
+        .metadata
+        .into_iter()
+        .map(|(key, value)| (key.to_owned(), value))
+        .collect();
+    Status::with_error_details(
+        code,
+        info.message,
+        ErrorDetails::with_error_info(info.reason, info.domain, metadata),
+    )
+}
+
+/// INVALID_ARGUMENT carrying `google.rpc.BadRequest` with one violation per `(field, problem)`
+/// (also `StubControl`'s answer to a request it cannot use).
+pub(crate) fn bad_request(violations: Vec<(&str, &str)>) -> Status {
+    let message = violations
+        .iter()
+        .map(|(field, problem)| format!("{field}: {problem}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let violations: Vec<FieldViolation> = violations
+        .into_iter()
+        .map(|(field, problem)| FieldViolation::new(field, problem))
+        .collect();
+    Status::with_error_details(
+        Code::InvalidArgument,
+        message,
+        ErrorDetails::with_bad_request(violations),
+    )
 }

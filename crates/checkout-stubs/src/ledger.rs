@@ -5,9 +5,7 @@
 
 use std::num::NonZeroUsize;
 
-use tonic::{Code, Status};
-
-use super::applied::{Applied, bad_request, error_info};
+use super::applied::{Applied, Info, Refusal};
 use super::history::{Records, Tally};
 use checkout_proto::wallet::v1::{
     CaptureResponse, HoldRecord, HoldRequest, HoldResponse, HoldState, ReleaseResponse,
@@ -70,19 +68,18 @@ impl Ledger {
             violations.push(("amount.minor_units", "must be above 0"));
         }
         if !violations.is_empty() {
-            return Applied::rejected(bad_request(violations));
+            return Applied::rejected(Refusal::BadRequest(violations));
         }
         if let Some(existing) = self.holds.get(&request.reference) {
             return Applied::rejected(duplicate_reference(existing));
         }
         if request.account_id.starts_with(POOR_PREFIX) {
-            return Applied::rejected(error_info(
-                Code::FailedPrecondition,
+            return Applied::rejected(Refusal::Precondition(Info::new(
                 format!("account {:?} has insufficient funds", request.account_id),
                 DOMAIN,
                 "INSUFFICIENT_FUNDS",
                 &[("account_id", &request.account_id)],
-            ));
+            )));
         }
         self.last_id += 1;
         let hold = HoldRecord {
@@ -129,7 +126,7 @@ impl Ledger {
         &mut self,
         reference: &str,
         to: HoldState,
-        conflict: &str,
+        conflict: &'static str,
     ) -> Applied<HoldRecord> {
         let Some(hold) = self.holds.get_mut(reference) else {
             return Applied::rejected(not_found(reference));
@@ -149,8 +146,7 @@ impl Ledger {
             }
             Applied::effect(record, reference)
         } else {
-            Applied::rejected(error_info(
-                Code::FailedPrecondition,
+            Applied::rejected(Refusal::Precondition(Info::new(
                 format!(
                     "the hold for reference {reference:?} is {}",
                     from.as_str_name()
@@ -158,18 +154,17 @@ impl Ledger {
                 DOMAIN,
                 conflict,
                 &[("hold_id", &hold.hold_id)],
-            ))
+            )))
         }
     }
 }
 
 /// ALREADY_EXISTS `DUPLICATE_REFERENCE` carrying the terms of the hold that already exists.
-fn duplicate_reference(existing: &HoldRecord) -> Status {
+fn duplicate_reference(existing: &HoldRecord) -> Refusal {
     // Every hold kept passed validation, which requires an amount; were one missing, it would
     // read as 0 of no currency rather than fail.
     let amount = existing.amount.clone().unwrap_or_default();
-    error_info(
-        Code::AlreadyExists,
+    Refusal::AlreadyExists(Info::new(
         format!(
             "a hold exists for reference {:?}: {} {} on account {:?}",
             existing.reference, amount.minor_units, amount.currency, existing.account_id
@@ -182,9 +177,82 @@ fn duplicate_reference(existing: &HoldRecord) -> Status {
             ("currency", &amount.currency),
             ("minor_units", &amount.minor_units.to_string()),
         ],
-    )
+    ))
 }
 
-fn not_found(reference: &str) -> Status {
-    Status::not_found(format!("no hold for reference {reference:?}"))
+fn not_found(reference: &str) -> Refusal {
+    Refusal::NotFound(format!("no hold for reference {reference:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use checkout_proto::wallet::v1::Money;
+
+    fn request(reference: &str, account_id: &str) -> HoldRequest {
+        HoldRequest {
+            reference: reference.to_owned(),
+            account_id: account_id.to_owned(),
+            amount: Some(Money {
+                currency: "USD".to_owned(),
+                minor_units: 4200,
+            }),
+        }
+    }
+
+    fn refusal<T: std::fmt::Debug>(applied: Applied<T>) -> Refusal {
+        assert_eq!(applied.effect, None, "a refusal changes nothing");
+        applied.result.expect_err("a refusal")
+    }
+
+    /// The ledger refuses in its own terms, without a server: a poor account, a reference
+    /// already held (with the existing hold's terms), an unknown reference, and a hold in the
+    /// other final state; an invalid request names every bad field.
+    #[test]
+    fn the_ledger_refuses_in_its_own_terms() {
+        let mut ledger = Ledger::new(NonZeroUsize::MIN);
+        let Refusal::Precondition(poor) = refusal(ledger.hold(request("ord_1", "poor-1"))) else {
+            panic!("a poor account is a failed precondition");
+        };
+        assert_eq!((poor.domain, poor.reason), (DOMAIN, "INSUFFICIENT_FUNDS"));
+        assert_eq!(poor.metadata, [("account_id", "poor-1".to_owned())]);
+
+        let held = ledger.hold(request("ord_1", "a1"));
+        assert_eq!(held.effect.as_deref(), Some("ord_1"));
+        let Refusal::AlreadyExists(duplicate) = refusal(ledger.hold(request("ord_1", "a2"))) else {
+            panic!("a reference held twice already exists");
+        };
+        assert_eq!(duplicate.reason, "DUPLICATE_REFERENCE");
+        assert!(
+            duplicate
+                .metadata
+                .contains(&("existing_hold_id", "hold-1".to_owned()))
+        );
+        assert!(
+            duplicate
+                .metadata
+                .contains(&("account_id", "a1".to_owned()))
+        );
+
+        assert!(matches!(
+            refusal(ledger.lookup("ord_2")),
+            Refusal::NotFound(message) if message.contains("ord_2")
+        ));
+        assert!(ledger.capture("ord_1").result.is_ok());
+        let Refusal::Precondition(captured) = refusal(ledger.release("ord_1")) else {
+            panic!("releasing a captured hold is a failed precondition");
+        };
+        assert_eq!(captured.reason, "HOLD_ALREADY_CAPTURED");
+
+        let mut invalid = request("", "");
+        invalid.amount = None;
+        assert_eq!(
+            refusal(ledger.hold(invalid)),
+            Refusal::BadRequest(vec![
+                ("reference", "must not be empty"),
+                ("account_id", "must not be empty"),
+                ("amount.minor_units", "must be above 0"),
+            ])
+        );
+    }
 }

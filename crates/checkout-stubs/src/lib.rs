@@ -16,11 +16,13 @@
 //! - `method`: the catalogue of stubbed services and methods, in reporting order.
 //! - `behavior`: latency distributions and faults, from `stub.v1.Behavior` or a command line.
 //! - `carts`, `reservations`, `ledger`: the data of cart, inventory and wallet and its rules
-//!   (the data conventions), answering in `applied`'s terms; they know no service or state.
+//!   (the data conventions), answering in `applied`'s terms (an answer, or a typed refusal);
+//!   they know no service, state or gRPC.
 //! - `history`: the bounded collections that keep that memory flat.
 //! - `state`: everything the stubs remember (those three, behaviours, counts), behind one mutex.
 //! - `arrival`: the deadline a call carried, read once.
-//! - `handler`: the wrapper every stubbed RPC goes through.
+//! - `handler`: the wrapper every stubbed RPC goes through, and the one mapping of a refusal
+//!   to its gRPC status.
 //! - `cart`, `fraud`, `inventory`, `wallet`: the gRPC services over the state.
 //! - `control`: `stub.v1.StubControl`.
 

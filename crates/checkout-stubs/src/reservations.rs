@@ -4,9 +4,7 @@
 
 use std::num::NonZeroUsize;
 
-use tonic::{Code, Status};
-
-use super::applied::{Applied, bad_request, error_info};
+use super::applied::{Applied, Info, Refusal};
 use super::history::{Records, Tally};
 use checkout_proto::inventory::v1::{
     CommitResponse, ReleaseResponse, ReserveRequest, ReserveResponse,
@@ -60,7 +58,10 @@ impl Reservations {
     /// repeat for the same reference answers the same reservation id and changes nothing.
     pub(crate) fn reserve(&mut self, request: ReserveRequest) -> Applied<ReserveResponse> {
         if request.reference.is_empty() {
-            return Applied::rejected(bad_request(vec![("reference", "must not be empty")]));
+            return Applied::rejected(Refusal::BadRequest(vec![(
+                "reference",
+                "must not be empty",
+            )]));
         }
         if let Some(existing) = self.by_reference.get(&request.reference) {
             return Applied::unchanged(ReserveResponse {
@@ -72,13 +73,12 @@ impl Reservations {
             .iter()
             .find(|item| item.sku.contains(OUT_OF_STOCK_MARK))
         {
-            return Applied::rejected(error_info(
-                Code::FailedPrecondition,
+            return Applied::rejected(Refusal::Precondition(Info::new(
                 format!("sku {:?} is out of stock", item.sku),
                 DOMAIN,
                 "OUT_OF_STOCK",
                 &[("sku", &item.sku)],
-            ));
+            )));
         }
         self.last_id += 1;
         let reservation = Reservation {
@@ -105,9 +105,9 @@ impl Reservations {
             .map(|()| ReleaseResponse {})
     }
 
-    fn transition(&mut self, reference: &str, to: Stage, conflict: &str) -> Applied<()> {
+    fn transition(&mut self, reference: &str, to: Stage, conflict: &'static str) -> Applied<()> {
         let Some(reservation) = self.by_reference.get_mut(reference) else {
-            return Applied::rejected(Status::not_found(format!(
+            return Applied::rejected(Refusal::NotFound(format!(
                 "no reservation for reference {reference:?}"
             )));
         };
@@ -118,13 +118,12 @@ impl Reservations {
                 self.by_reference.finish(reference);
                 Applied::effect((), reference)
             }
-            stage => Applied::rejected(error_info(
-                Code::FailedPrecondition,
+            stage => Applied::rejected(Refusal::Precondition(Info::new(
                 format!("the reservation for reference {reference:?} is {stage:?}"),
                 DOMAIN,
                 conflict,
                 &[("reservation_id", &reservation.id)],
-            )),
+            ))),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use super::StubConfig;
-use super::applied::Applied;
+use super::applied::{Applied, Refusal};
 use super::arrival::Arrival;
 use super::behavior::{Behavior, Draw};
 use super::carts::Snapshots;
@@ -221,7 +221,7 @@ impl State {
         method: Method,
         arrival: &Arrival,
         f: impl FnOnce(&mut Data) -> Applied<T>,
-    ) -> Result<T, tonic::Status> {
+    ) -> Result<T, Refusal> {
         let mut inner = self.lock();
         let applied = f(&mut inner.data);
         if let Some(reference) = applied.effect {

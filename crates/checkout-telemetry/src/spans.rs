@@ -20,7 +20,9 @@ use tracing_opentelemetry::OpenTelemetryLayer;
 use tracing_subscriber::Registry;
 use tracing_subscriber::layer::{Context, Filter, Layer};
 
-use crate::trace::TARGET;
+/// The `tracing` target of every exported span: what the tracing-opentelemetry layer sees, and
+/// what log lines leave out.
+pub const TARGET: &str = "checkout::span";
 
 /// The tracing-opentelemetry layer, once spans are exported.
 static OTEL: OnceLock<OpenTelemetryLayer<Registry, SdkTracer>> = OnceLock::new();

@@ -22,9 +22,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::{propagation, spans};
 
-/// The `tracing` target of every exported span: what the tracing-opentelemetry layer sees, and
-/// what log lines leave out.
-pub const TARGET: &str = "checkout::span";
+/// The `tracing` target of every exported span (defined with the filters that read it).
+pub use crate::spans::TARGET;
 
 /// Whether spans are exported (set once by [`crate::init`]).
 pub fn exporting() -> bool {

@@ -8,7 +8,8 @@
 //!   [`CheckoutClient`](checkout_client::CheckoutClient), wait for the worker, stop.
 //! - [`Stubs`]: [`Behavior`] and [`Fault`] per service and method, the [`Effect`] log and
 //!   per-method stats.
-//! - [`poll_until`]: waiting for a condition without fixed sleeps, failing loudly.
+//! - [`poll_until`] (and [`poll::poll`]): waiting for a condition without fixed sleeps,
+//!   failing loudly.
 //!
 //! It links the whole service, so it is costly to build: keep it in `[dev-dependencies]`.
 //! The sections below are the crate's README; its example runs as a doc test.
@@ -25,36 +26,13 @@ mod stubs;
 #[doc = include_str!("../../../README.md")]
 pub struct RepositoryReadme;
 
-use std::future::Future;
-use std::time::Duration;
-
 pub use checkout::{Builder, TestCheckout};
 pub use stubs::{Behavior, Effect, Fault, MethodStats, Stubs, WalletStats};
 
-/// Fetches a state every `every` until `done` holds and returns it; after `within`, panics with
-/// the last state fetched, as "`what` never reached the expected state". Real time: for
-/// waiting on a server, never for timing rules.
-pub async fn poll_until<T, F>(
-    what: &str,
-    within: Duration,
-    every: Duration,
-    mut fetch: impl FnMut() -> F,
-    done: impl Fn(&T) -> bool,
-) -> T
-where
-    T: std::fmt::Debug,
-    F: Future<Output = T>,
-{
-    let until = tokio::time::Instant::now() + within;
-    loop {
-        let state = fetch().await;
-        if done(&state) {
-            return state;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{what} never reached the expected state within {within:?}: {state:?}"
-        );
-        tokio::time::sleep(every).await;
-    }
-}
+/// Waiting for a condition without fixed sleeps, failing loudly with the last state seen: the
+/// workspace's one poll helper (the same file the service's own suites wait through). It runs
+/// on tokio's clock, so under paused time it polls without sleeping.
+#[path = "../../../tests/common/poll.rs"]
+pub mod poll;
+
+pub use poll::poll_until;

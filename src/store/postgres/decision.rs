@@ -11,7 +11,7 @@
 use sqlx::postgres::{PgArguments, Postgres};
 use sqlx::query::Query;
 
-use super::super::{Decision, JobKind};
+use super::super::{Decision, JobKind, Reason};
 
 /// The decisions. `$1`..`$10` arrays of the decisions' fields (order id, status, reason,
 /// retryable, retry_after_ms, fraud_review, now, total currency and amount, hold id); then
@@ -158,7 +158,7 @@ pub(super) fn query<'d>(
     for d in decisions {
         order_ids.push(d.order_id.clone());
         statuses.push(d.status.as_str());
-        reasons.push(d.reason.clone());
+        reasons.push(Reason::stored(d.reason));
         retryable.push(d.retryable);
         retry_after_ms.push(d.retry_after_ms);
         fraud_review.push(d.fraud_review);
@@ -203,7 +203,7 @@ mod tests {
         Decision {
             order_id: order_id.to_owned(),
             status: OrderStatus::Confirmed,
-            reason: String::new(),
+            reason: None,
             retryable: false,
             retry_after_ms: None,
             total: None,

@@ -29,6 +29,7 @@ mod writer;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::Deserialize;
 use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::query::{Query, QueryScalar};
@@ -39,8 +40,34 @@ use super::{
     Begin, Claimed, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord,
     OrderStore, ParkedJob, StoreError, TimeLimit, schema, sql,
 };
-use crate::config::Pooler;
 use writer::Writer;
+
+/// What stands between the service and PostgreSQL (`store.pooler`).
+///
+/// Nothing the store does relies on session state (timeouts are `SET LOCAL` in each
+/// transaction, no settings are sent at connect), so it runs through a pooler in either mode;
+/// what differs is whether the server keeps a statement prepared on one transaction for the
+/// next, which a transaction pooler (PgBouncer's `pool_mode = transaction`) does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooler {
+    /// Direct connections: statements are prepared once per connection and kept.
+    #[default]
+    None,
+    /// A session pooler: each client connection keeps one server connection, so prepared
+    /// statements are kept as with `none`.
+    Session,
+    /// A transaction pooler: each transaction may run on another server connection, so
+    /// statements are sent unnamed (parsed for each execution) and never kept.
+    Transaction,
+}
+
+impl Pooler {
+    /// Whether statements may be prepared once and kept on the connection.
+    pub fn keeps_prepared_statements(self) -> bool {
+        !matches!(self, Self::Transaction)
+    }
+}
 
 /// One order with its parked job kinds.
 const SELECT_ORDER: &str = sql::select_order_sql!("string_agg");

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::OpenFlags;
+use serde::Deserialize;
 use sqlx::Connection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous as Synchronous,
@@ -37,11 +38,20 @@ use super::{
     Begin, Claimed, Decision, Job, JobOutcome, JobStats, Money, NewOrder, OrderRecord, OrderStore,
     ParkedJob, StoreError, TimeLimit, schema, sql,
 };
-use crate::config::SqliteSynchronous;
 use checkpointer::Checkpointer;
 use readers::Readers;
 use writer::Writer;
 use writes::{Claim, Operator};
+
+/// How SQLite makes commits durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SqliteSynchronous {
+    /// fsync on every commit: survives power loss.
+    Full,
+    /// fsync at checkpoints only: survives a process crash, may lose the last commits on power loss.
+    Normal,
+}
 
 /// The embedded store. Cheap to share behind an `Arc`; [`OrderStore::close`] ends it.
 #[derive(Debug)]

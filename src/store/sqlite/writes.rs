@@ -13,7 +13,7 @@ use rusqlite::{Connection, named_params};
 
 use super::super::{
     Begin, Claimed, Decision, Failure, Job, JobKind, JobOutcome, Money, NewJob, NewOrder,
-    OrderRecord, StoreError, sql,
+    OrderRecord, Reason, StoreError, sql,
 };
 use super::error::Fail;
 use super::rows::{Lite, claimed_from_row, load, load_by_key};
@@ -154,7 +154,7 @@ pub(super) fn decide(conn: &Connection, d: &Decision) -> Result<OrderRecord, Fai
             named_params! {
                 "$1": d.order_id,
                 "$2": d.status.as_str(),
-                "$3": d.reason,
+                "$3": Reason::stored(d.reason),
                 "$4": d.retryable,
                 "$5": d.retry_after_ms,
                 "$6": d.fraud_review,

@@ -1,10 +1,12 @@
-//! `cart-stall` (the timeout contract): the staging test the contract asks for — cart
-//! stalls 2,300 ms under the gateway's 2,500 ms deadline (sent as `x-request-deadline`, as the
-//! seed's gateway injects it). Expected: no wallet call at all (INC-4419's phantom charges), the
-//! cart call cut at its 300 ms read cap, and every caller answered with a structured result
-//! before 2,500 ms. Then requests arriving with 100 ms or less left (INV-TO-02): refused on
-//! arrival with `DEADLINE_EXCEEDED` / `DEADLINE_TOO_SHORT` and `x-deadline-exceeded: true`,
-//! nothing recorded, nothing sent downstream.
+//! `cart-stall` (the timeout contract, docs/design.md "Sources"): the staging test the contract
+//! asks for — cart stalls 2,300 ms under the gateway's 2,500 ms deadline (sent as
+//! `x-request-deadline`, as the contract's gateway injects it). Expected: no wallet call at all
+//! (the contract was written after an incident in which 1,400 payments were charged after their
+//! callers had timed out), the cart call cut at its 300 ms read cap, and every caller answered
+//! with a structured result before 2,500 ms. Then requests arriving with 100 ms or less left
+//! (the contract's fast-fail floor): refused on arrival with `DEADLINE_EXCEEDED` /
+//! `DEADLINE_TOO_SHORT` and `x-deadline-exceeded: true`, nothing recorded, nothing sent
+//! downstream.
 
 use std::time::Duration;
 
@@ -16,13 +18,13 @@ use super::{Options, Report, ScenarioError, ms};
 use checkout::deadline::X_REQUEST_DEADLINE;
 use checkout_proto::checkout::v1 as pb;
 
-/// The gateway's deadline (the timeout contract's MC-BD-01).
+/// The gateway's deadline (the timeout contract's mobile checkout budget).
 const DEADLINE: Duration = Duration::from_millis(2_500);
 /// The cart's stall (the timeout contract's next steps).
 const CART_STALL_MS: u32 = 2_300;
-/// The seed's cart socket read timeout, which our `steps.cart.cap` matches.
+/// The contract's cart socket read timeout, which our `steps.cart.cap` matches.
 const CART_READ_CAP: Duration = Duration::from_millis(300);
-/// The fast-fail floor of INV-TO-02: requests with this little left are refused on arrival.
+/// The contract's fast-fail floor: requests with this little left are refused on arrival.
 const FLOOR: Duration = Duration::from_millis(100);
 
 /// Runs the scenario.
@@ -67,7 +69,7 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
 
     report.check(
         "wallet calls (holds, lookups)",
-        "0 (INC-4419: 1,400 phantom charges)",
+        "0 (the contract's incident: 1,400 phantom charges)",
         format!("{wallet_calls} calls, {} holds", wallet.holds_active),
         wallet_calls == 0 && wallet.holds_active == 0,
     );
@@ -90,7 +92,7 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
         u128::from(cart.max_budget_ms) <= CART_READ_CAP.as_millis(),
     );
 
-    // INV-TO-02: arriving with the floor or less left.
+    // The fast-fail floor: arriving with the floor or less left.
     rig.configure("cart", "FreezeCart", rig::latency(0)).await?;
     let before = rig.stats().await?;
     let left = [FLOOR, FLOOR / 2];

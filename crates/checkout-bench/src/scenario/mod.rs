@@ -18,6 +18,9 @@ pub mod op_834;
 pub mod payrail_night;
 pub mod retry_tax;
 pub mod rig;
+// The workspace's one poll helper (it needs nothing but tokio), which the rig waits through.
+#[path = "../../../../tests/common/poll.rs"]
+mod poll;
 pub mod samples;
 pub mod surge;
 
@@ -93,8 +96,8 @@ pub enum ScenarioError {
 pub struct Check {
     /// What is measured.
     pub what: String,
-    /// The seed's figure or the target.
-    pub seed: String,
+    /// The figure of the scenario's source (docs/design.md, "Sources"), or our target.
+    pub source: String,
     /// What this run measured.
     pub ours: String,
     /// Whether ours meets the expectation.
@@ -134,13 +137,13 @@ impl Report {
     pub fn check(
         &mut self,
         what: impl Into<String>,
-        seed: impl Into<String>,
+        source: impl Into<String>,
         ours: impl Into<String>,
         pass: bool,
     ) {
         self.checks.push(Check {
             what: what.into(),
-            seed: seed.into(),
+            source: source.into(),
             ours: ours.into(),
             pass,
             judged: true,
@@ -156,11 +159,11 @@ impl Report {
         &mut self,
         quick: bool,
         what: impl Into<String>,
-        seed: impl Into<String>,
+        source: impl Into<String>,
         ours: impl Into<String>,
         pass: bool,
     ) {
-        self.check(what, seed, ours, pass);
+        self.check(what, source, ours, pass);
         if let Some(last) = self.checks.last_mut() {
             last.judged = !quick;
         }
@@ -181,9 +184,9 @@ impl Report {
                 .max()
                 .unwrap_or(0)
         };
-        let (w_what, w_seed, w_ours) = (
+        let (w_what, w_source, w_ours) = (
             width(|c| &c.what, "check"),
-            width(|c| &c.seed, "seed / target"),
+            width(|c| &c.source, "source / target"),
             width(|c| &c.ours, "ours"),
         );
         let verdict = if self.passed() { "PASS" } else { "FAIL" };
@@ -194,15 +197,15 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "  {:<w_what$}  {:<w_seed$}  {:<w_ours$}  verdict",
-            "check", "seed / target", "ours"
+            "  {:<w_what$}  {:<w_source$}  {:<w_ours$}  verdict",
+            "check", "source / target", "ours"
         );
         for c in &self.checks {
             let _ = writeln!(
                 out,
-                "  {:<w_what$}  {:<w_seed$}  {:<w_ours$}  {}",
+                "  {:<w_what$}  {:<w_source$}  {:<w_ours$}  {}",
                 c.what,
-                c.seed,
+                c.source,
                 c.ours,
                 match (c.judged, c.pass) {
                     (true, true) => "ok",
@@ -224,8 +227,9 @@ type Body =
 pub struct Scenario {
     /// Its name on the command line.
     pub name: &'static str,
-    /// The seed it replays.
-    pub seed: &'static str,
+    /// What it replays, in words: a situation from one of the documents the design was derived
+    /// from (docs/design.md, "Sources"), or one of this project's own targets.
+    pub source: &'static str,
     /// What it drives and expects, in one line.
     pub summary: &'static str,
     /// Runs it.
@@ -243,35 +247,35 @@ impl Scenario {
 pub const ALL: [Scenario; 7] = [
     Scenario {
         name: "cart-stall",
-        seed: "timeout contract",
+        source: "the timeout contract's staging test: a cart stall inside a 2.5 s deadline",
         summary: "cart +2,300 ms under a 2,500 ms deadline: no wallet call, every answer in time; \
                   <= 100 ms left: fast-fail on arrival",
         body: |o| Box::pin(cart_stall::run(o)),
     },
     Scenario {
         name: "op-834",
-        seed: "deadlines and idempotency chapter",
+        source: "the handbook chapter's traced capture op-834: a ledger committing late",
         summary: "240 ms deadline, the wallet would commit at 388 ms: no effect after the \
                   deadline; a retry with the same key replays the stored answer",
         body: |o| Box::pin(op_834::run(o)),
     },
     Scenario {
         name: "retry-tax",
-        seed: "deadlines and idempotency chapter",
+        source: "the handbook chapter's retry-tax arithmetic: 8 % of first attempts",
         summary: "10,000 orders, 220 transient capture failures: retry tax ~2.2 % within 8 %; \
                   a wide capture outage: retries stop at the budget, nothing lost",
         body: |o| Box::pin(retry_tax::run(o)),
     },
     Scenario {
         name: "fraud-timeout",
-        seed: "latency-budget note",
+        source: "the latency-budget note: a fraud vendor that hung, a caller who left",
         summary: "fraud times out, the hold goes: PENDING FRAUD_REVIEW, not an error; the caller \
                   cancelling mid-flight cancels every branch",
         body: |o| Box::pin(fraud_timeout::run(o)),
     },
     Scenario {
         name: "payrail-night",
-        seed: "Timeouts Everywhere",
+        source: "\"Timeouts Everywhere\": a payment provider answering in 4 s",
         summary: "wallet Hold at 4 s for 30 s, 300 orders/s, 2.5 s deadlines: answers in time, \
                   holds within the bulkhead, probe rate once the breaker opens, bounded reconcile \
                   work, CONFIRMED within 5 s of recovery",
@@ -279,14 +283,14 @@ pub const ALL: [Scenario; 7] = [
     },
     Scenario {
         name: "surge",
-        seed: "load-shedding target",
+        source: "our load-shedding target: 4x the timeout contract's 1,100/s peak",
         summary: "10 s at 4,400 orders/s, 2 s deadlines: CONFIRMED >= 0.8x saturation, none late, \
                   BUDGET_EXHAUSTED <= 1 %, refusals p99 <= 20 ms, p99 back within 3 s",
         body: |o| Box::pin(surge::run(o)),
     },
     Scenario {
         name: "hedge",
-        seed: "hedging target",
+        source: "our hedging target, after \"The Tail at Scale\"",
         summary: "fraud Score log-normal (2 ms median, 300 ms p99) at 200 orders/s: p99 >= 3x \
                   lower with hedging than with steps.fraud.hedge = false, <= 5 % extra calls",
         body: |o| Box::pin(hedge::run(o)),

@@ -28,7 +28,7 @@ use crate::load::{self, Phase};
 const DEADLINE: Duration = Duration::from_millis(2_500);
 /// How slow the wallet's Hold gets.
 const SLOW_HOLD_MS: u32 = 4_000;
-/// The seed's outage length, against which `--quick` scales.
+/// The outage's length in this scenario, against which `--quick` scales.
 const FULL_OUTAGE: Duration = Duration::from_secs(30);
 /// CONFIRMED again within this of the wallet recovering.
 const RECOVER_WITHIN: Duration = Duration::from_secs(5);
@@ -192,13 +192,13 @@ fn judge(
     let late = samples.count(|s| s.late);
     report.check(
         "answers after their deadline",
-        "0 (seed: none answered for 60 s)",
+        "0 (source: none answered for 60 s)",
         format!("{late} of {}", samples.len()),
         late == 0,
     );
     report.check(
         "concurrent holds at the wallet",
-        format!("<= bulkhead {bulkhead} (seed: pool of 20 stuck, 402 queued)"),
+        format!("<= bulkhead {bulkhead} (source: pool of 20 stuck, 402 queued)"),
         format!("max {max_concurrent}"),
         usize::try_from(max_concurrent).is_ok_and(|m| m <= bulkhead),
     );

@@ -17,13 +17,13 @@ use crate::load::{self, Phase};
 use checkout_proto::checkout::v1 as pb;
 use checkout_proto::stub::v1::Fault;
 
-/// The seed's retry budget: retries at most this share of first attempts...
+/// The handbook chapter's retry budget: retries at most this share of first attempts...
 const BUDGET_PERCENT: f64 = 8.0;
 /// ...plus this many per second (docs/design.md §6)...
 const FLOOR_PER_SECOND: f64 = 10.0;
 /// ...over this window.
 const WINDOW: Duration = Duration::from_secs(10);
-/// The seed's transient failure rate: 220 of 10,000.
+/// The chapter's observed transient failure rate: 220 of 10,000.
 const FAILURE_RATE: f64 = 0.022;
 /// The deadline of every order.
 const DEADLINE: Duration = Duration::from_secs(2);

@@ -241,15 +241,12 @@ impl Rig {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>, ScenarioError>>,
     {
-        let until = Instant::now() + within;
-        loop {
-            if let Some(value) = probe().await? {
-                return Ok(Some(value));
-            }
-            if Instant::now() >= until {
-                return Ok(None);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let found = |probed: &Result<Option<T>, ScenarioError>| !matches!(probed, Ok(None));
+        match super::poll::poll(within, Duration::from_millis(50), &mut probe, found).await {
+            // A value, or the probe's error.
+            Ok(probed) => probed,
+            // Nothing yet when the time was up.
+            Err(_) => Ok(None),
         }
     }
 }
