@@ -5,7 +5,8 @@
 //!
 //! # Layout
 //! - [`TestCheckout`] and its [`Builder`]: start, connect a
-//!   [`CheckoutClient`](checkout_client::CheckoutClient), wait for the worker, stop.
+//!   [`CheckoutClient`](checkout_client::CheckoutClient), wait for the worker, stop;
+//!   [`StartError`] for a harness that reports a failed start instead of panicking.
 //! - [`Stubs`]: [`Behavior`] and [`Fault`] per service and method, the [`Effect`] log and
 //!   per-method stats.
 //! - [`poll_until`]: waiting for a condition without fixed sleeps, failing loudly.
@@ -16,6 +17,7 @@
 #![warn(missing_docs)]
 
 mod checkout;
+mod error;
 mod stubs;
 
 /// The repository README's Rust examples ("Calling checkout from your service", "Testing your
@@ -29,6 +31,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use checkout::{Builder, TestCheckout};
+pub use error::StartError;
 pub use stubs::{Behavior, Effect, Fault, MethodStats, Stubs, WalletStats};
 
 /// Fetches a state every `every` until `done` holds and returns it; after `within`, panics with
