@@ -20,6 +20,11 @@ fn order(key: &str, cart: &str) -> NewOrder {
     }
 }
 
+/// Caps of a second for the cart and the inventory, for the tests that count what happened
+/// to hundreds of orders: on a machine starved of CPU, the default 300 ms and 150 ms can end a
+/// call the stub answered at once, and a count of declines would count that too.
+const ROOMY: &str = "[steps.cart]\ncap = \"1s\"\n[steps.inventory]\ncap = \"1s\"\n";
+
 /// Places `order` with a deadline of `timeout`.
 async fn place(t: &TestCheckout, order: NewOrder, timeout: Duration) -> Result<Placed, Error> {
     with_deadline(Deadline::after(timeout), t.client().place(order)).await
@@ -149,30 +154,28 @@ async fn an_sqlite_checkout_records_and_reads_orders() {
     t.stop().await;
 }
 
-/// The time the budget waterfall says `step` spent on this order.
-fn spent(placed: &Placed, step: &str) -> Duration {
-    let budget = placed.order().budget.as_ref().expect("a budget report");
-    let step = budget
-        .steps
-        .iter()
-        .find(|s| s.name == step)
-        .unwrap_or_else(|| panic!("no {step} step in {budget:?}"));
-    let spent = step.spent.expect("spent");
-    Duration::new(
-        u64::try_from(spent.seconds).expect("positive"),
-        u32::try_from(spent.nanos).expect("positive"),
-    )
+/// The time the budget waterfall says `step` spent on this order, if the step ran and its call
+/// answered (`ok`): on a starved machine an order can stop at an earlier step's cap.
+fn spent(placed: &Placed, step: &str) -> Option<Duration> {
+    let budget = placed.order().budget.as_ref()?;
+    let step = budget.steps.iter().find(|s| s.name == step)?;
+    let spent = step.spent.filter(|_| step.outcome == "ok")?;
+    Some(Duration::new(
+        u64::try_from(spent.seconds).ok()?,
+        u32::try_from(spent.nanos).ok()?,
+    ))
 }
 
 /// A latency scripted with a p99 is log-normal around its median. Each of 200 orders calls
 /// the inventory (median 5 ms, p99 60 ms) and, in parallel, fraud (a fixed 5 ms: the control,
 /// under the same machine load): the reservation is as often quicker than fraud as slower,
-/// about a third of the time by over 2 ms (a log-normal draws under 3 ms 32 % of the time),
-/// and now and then slower by over 20 ms (over 25 ms: 7 %), which a fixed latency never is.
-/// (Inventory, because cart and fraud would hedge its tail away.)
+/// often by over 2 ms (a log-normal draws under 3 ms 32 % of the time), and now and then
+/// slower by over 20 ms (over 25 ms: 7 %), which a fixed latency never is. (Inventory, because
+/// cart and fraud would hedge its tail away; orders a starved machine stopped at an earlier
+/// step's cap are left out.)
 #[tokio::test]
 async fn a_latency_with_a_p99_is_log_normal_around_its_median() {
-    let t = TestCheckout::start().await;
+    let t = TestCheckout::builder().config_toml(ROOMY).start().await;
     t.stubs()
         .set(
             "inventory",
@@ -185,15 +188,22 @@ async fn a_latency_with_a_p99_is_log_normal_around_its_median() {
         .await;
     let mut against_fixed = Vec::new();
     for i in 0..200 {
-        let placed = place(&t, order(&format!("ln-{i}"), "cart-1"), SECOND)
+        let placed = place(&t, order(&format!("ln-{i}"), "cart-1"), 2 * SECOND)
             .await
             .expect("answered");
-        let (reserve, score) = (spent(&placed, "inventory"), spent(&placed, "fraud"));
         let millis = |d: Duration| d.as_secs_f64() * 1_000.0;
-        against_fixed.push(millis(reserve) - millis(score));
+        if let (Some(reserve), Some(score)) = (spent(&placed, "inventory"), spent(&placed, "fraud"))
+        {
+            against_fixed.push(millis(reserve) - millis(score));
+        }
     }
+    let usable = against_fixed.len();
+    assert!(
+        usable >= 100,
+        "only {usable} of 200 orders reached both steps"
+    );
     against_fixed.sort_by(f64::total_cmp);
-    let median = against_fixed[100];
+    let median = against_fixed[usable / 2];
     let quicker = against_fixed.iter().filter(|d| **d < -2.0).count();
     let tail = against_fixed.iter().filter(|d| **d > 20.0).count();
     assert!(
@@ -201,12 +211,12 @@ async fn a_latency_with_a_p99_is_log_normal_around_its_median() {
         "median {median:.1} ms from the fixed 5 ms: {against_fixed:?}"
     );
     assert!(
-        quicker >= 20,
-        "{quicker} of 200 over 2 ms quicker: {against_fixed:?}"
+        quicker >= usable / 10,
+        "{quicker} of {usable} over 2 ms quicker: {against_fixed:?}"
     );
     assert!(
-        (3..=60).contains(&tail),
-        "{tail} of 200 over 20 ms slower: {against_fixed:?}"
+        (3..=usable * 3 / 10).contains(&tail),
+        "{tail} of {usable} over 20 ms slower: {against_fixed:?}"
     );
     t.stop().await;
 }
@@ -219,7 +229,7 @@ async fn a_latency_with_a_p99_is_log_normal_around_its_median() {
 #[tokio::test]
 async fn a_fault_with_a_probability_hits_that_share_of_the_calls() {
     let t = TestCheckout::builder()
-        .config_toml("[breaker]\nmin_calls = 100000\n")
+        .config_toml(&format!("{ROOMY}[breaker]\nmin_calls = 100000\n"))
         .start()
         .await;
     t.stubs()
@@ -231,7 +241,7 @@ async fn a_fault_with_a_probability_hits_that_share_of_the_calls() {
         .await;
     let (mut declined, mut confirmed) = (0_u64, 0_u64);
     for i in 0..100 {
-        match place(&t, order(&format!("p-{i}"), "cart-1"), SECOND).await {
+        match place(&t, order(&format!("p-{i}"), "cart-1"), 2 * SECOND).await {
             Ok(Placed::Confirmed(_)) => confirmed += 1,
             Ok(Placed::Declined { order, .. }) if order.reason == "INVENTORY_UNAVAILABLE" => {
                 declined += 1;
