@@ -15,10 +15,9 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use checkout::proto::checkout::v1::OrderStatus;
-use checkout_stubs::{StubConfig, StubServer};
+use checkout_testkit::Stubs;
 use common::*;
 use futures::StreamExt;
-use tokio::net::TcpListener;
 
 /// Orders placed in all.
 const ORDERS: usize = 12_000;
@@ -65,16 +64,7 @@ async fn place(h: &Harness, from: usize, to: usize) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_memory_stays_flat_across_many_orders() {
-    let stubs = StubServer::start_with(
-        TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        StubConfig {
-            behaviors: Vec::new(),
-            history_capacity: NonZeroUsize::new(1_000).unwrap(),
-            tls: None,
-        },
-    )
-    .await
-    .unwrap();
+    let stubs = Stubs::start_with_history(NonZeroUsize::new(1_000).unwrap()).await;
     let h = start_on(stubs, tempfile::tempdir().unwrap(), |c| {
         c.store.sqlite_memory_limit_mib = SQLITE_LIMIT_MIB;
     })

@@ -22,7 +22,7 @@ async fn start_with_admin(
         adjust(c);
     })
     .await;
-    let admin = h.server.admin_addr().expect("admin port");
+    let admin = h.kit.admin_addr().expect("admin port");
     (h, admin)
 }
 
@@ -151,7 +151,7 @@ async fn metrics_count_a_known_mix_of_orders_exactly() {
     );
     assert!(after.contains("# EOF"));
     assert_eq!(get(admin, "/healthz").await.0, 200);
-    h.server.stop().await.unwrap();
+    h.kit.stop().await;
 }
 
 /// `/readyz` answers 200 while serving and 503 once shutdown begins, for as long as in-flight
@@ -214,7 +214,7 @@ async fn readyz_is_503_while_draining() {
             m.received >= 1
         })
         .await;
-    let stopping = tokio::spawn(h.server.stop());
+    let stopping = tokio::spawn(h.kit.try_stop());
     let (status, body) = until_status(admin, "/readyz", 503).await;
     assert_eq!((status, body.as_str()), (503, "draining\n"));
     assert_eq!(get(admin, "/healthz").await.0, 200);
@@ -310,5 +310,5 @@ async fn a_failing_hold_opens_its_own_breaker_and_metrics_show_it() {
     assert_eq!(state(&after, HOLD, "open"), 1.0, "{after}");
     assert_eq!(state(&after, HOLD, "closed"), 0.0, "{after}");
     assert_eq!(state(&after, LOOKUP, "closed"), 1.0, "{after}");
-    h.server.stop().await.unwrap();
+    h.kit.stop().await;
 }

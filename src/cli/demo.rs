@@ -98,13 +98,95 @@ grpcurl -plaintext -d '{{"service":"wallet","method":"Hold","behavior":{{}}}}' {
 # A deadline too short to start: DEADLINE_EXCEEDED with ErrorInfo DEADLINE_TOO_SHORT, nothing sent:
 grpcurl -plaintext -rpc-header 'x-client-id: demo' -format-error -max-time 0.2 -d '{{"idempotencyKey":"demo-3","customerId":"c1","cartId":"cart-1234","walletAccountId":"a1"}}' {o} checkout.v1.CheckoutService/PlaceOrder
 
-# What the stubs saw (received budgets, cancellations, effects after deadline):
+# What the stubs saw (received budgets, cancellations, effects after deadline); the worker's jobs
+# (-emit-defaults prints the zero counts too):
 grpcurl -plaintext -emit-defaults -d '{{}}' {s} stub.v1.StubControl/GetStats
-grpcurl -plaintext -d '{{}}' {o} checkout.v1.OperatorService/GetWorkerStats
+grpcurl -plaintext -emit-defaults -rpc-header 'x-client-id: demo' -d '{{}}' {o} checkout.v1.OperatorService/GetWorkerStats
 
 # Calls without x-client-id are scoped to the client `anonymous`: they do not see demo's orders.
-# Or: cargo run --release -- place --client-id demo --deadline-ms 1000
+# Or the bundled client, which draws the budget waterfall:
+checkout place --deadline-ms 1000 --client-id demo
 "#,
         dir = data_dir.display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The command lines of the README's Quick start, continuation lines joined.
+    fn quick_start_commands() -> Vec<String> {
+        let readme = include_str!("../../README.md");
+        let start = readme
+            .find("\n## Quick start")
+            .expect("a Quick start section");
+        let section = &readme[start + 1..];
+        let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+        let mut commands = Vec::new();
+        let mut current = String::new();
+        for line in section.lines() {
+            let line = line.trim();
+            let (text, continues) = match line.strip_suffix('\\') {
+                Some(head) => (head.trim_end(), true),
+                None => (line, false),
+            };
+            if !current.is_empty() {
+                current.push(' ');
+            }
+            current.push_str(text);
+            if !continues {
+                commands.push(std::mem::take(&mut current));
+            }
+        }
+        commands
+    }
+
+    /// A command's words, single-quoted ones kept whole, sorted: the same call whatever the
+    /// order of its flags.
+    fn words(command: &str) -> Vec<String> {
+        let mut words = Vec::new();
+        let mut word = String::new();
+        let mut quoted = false;
+        for c in command.chars() {
+            match c {
+                '\'' => quoted = !quoted,
+                c if c.is_whitespace() && !quoted => {
+                    if !word.is_empty() {
+                        words.push(std::mem::take(&mut word));
+                    }
+                }
+                c => word.push(c),
+            }
+        }
+        if !word.is_empty() {
+            words.push(word);
+        }
+        words.sort();
+        words
+    }
+
+    /// Every command the demo prints is one of the README's Quick start, flag for flag, so
+    /// pasting either makes the same call.
+    #[test]
+    fn the_demo_prints_the_readmes_quick_start_commands() {
+        let documented: Vec<Vec<String>> =
+            quick_start_commands().iter().map(|c| words(c)).collect();
+        let printed = instructions(
+            SocketAddr::from(([127, 0, 0, 1], 50051)),
+            SocketAddr::from(([127, 0, 0, 1], 50052)),
+            std::path::Path::new("data"),
+        );
+        let commands: Vec<&str> = printed
+            .lines()
+            .filter(|l| l.starts_with("grpcurl ") || l.starts_with("checkout place "))
+            .collect();
+        assert!(commands.len() >= 10, "{printed}");
+        for command in commands {
+            assert!(
+                documented.contains(&words(command)),
+                "the demo prints a command the README's Quick start does not have: {command}"
+            );
+        }
+    }
 }

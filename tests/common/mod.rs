@@ -1,18 +1,18 @@
-//! Shared harness: the stubs and an orchestrator on 127.0.0.1:0, a real SQLite file in a temp
-//! dir, and clients for CheckoutService and StubControl.
+//! Shared harness: the stubs and an orchestrator started by `checkout-testkit` (as another
+//! team's tests start them) on 127.0.0.1:0, over a real SQLite file in a temp dir the harness
+//! keeps, with clients for CheckoutService and StubControl and a handle on the store.
 
 #![allow(dead_code)]
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use checkout::config::{Config, DownstreamAddrs};
 use checkout::proto::checkout::v1::{self as pb, checkout_service_client::CheckoutServiceClient};
 use checkout::proto::stub::v1::{self as stub, Behavior, Fault};
-use checkout::server::Running;
 use checkout::store::OrderStore;
-use checkout_stubs::StubServer;
-use tokio::net::TcpListener;
+use checkout_testkit::{Stubs, TestCheckout};
 use tonic::transport::Channel;
 
 pub mod control;
@@ -29,14 +29,18 @@ pub mod wallet;
 pub use control::Control;
 pub use poll::{poll, poll_until};
 
-/// Stubs + orchestrator + clients.
+/// The testkit's checkout and stubs, plus what the suites reach past its public API for.
 pub struct Harness {
-    pub stubs: StubServer,
-    pub server: Running,
+    /// The orchestrator and the stubs it calls (`kit.stubs()`), started by the testkit.
+    pub kit: TestCheckout,
+    /// CheckoutService, as the generated client (the suites assert on raw statuses).
     pub checkout: CheckoutServiceClient<Channel>,
+    /// StubControl, as the generated client.
     pub control: Control,
+    /// The store the orchestrator records in (opened here, so tests can read it directly).
     pub store: Arc<dyn OrderStore>,
-    pub config: Arc<Config>,
+    /// The policy it runs with (`listen` is its port).
+    pub config: Config,
     /// Keeps the SQLite file alive for the test.
     pub data_dir: tempfile::TempDir,
 }
@@ -52,17 +56,15 @@ pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> Harness {
     start_on(stubs, tempfile::tempdir().unwrap(), adjust).await
 }
 
-/// Starts the stubs alone.
-pub async fn start_stubs() -> StubServer {
-    StubServer::start(TcpListener::bind("127.0.0.1:0").await.unwrap(), Vec::new())
-        .await
-        .unwrap()
+/// Starts the stubs alone (the testkit's).
+pub async fn start_stubs() -> Stubs {
+    Stubs::start().await
 }
 
-/// The policy the harness runs with, for a data dir and stubs.
-pub fn test_config(stubs: &StubServer, data_dir: &std::path::Path) -> Config {
+/// The policy the harness runs with, for a data dir and the stubs at `stubs_uri`.
+pub fn test_config(stubs_uri: &str, data_dir: &std::path::Path) -> Config {
     let mut config = Config {
-        downstream: DownstreamAddrs::all_at(&stubs.uri()),
+        downstream: DownstreamAddrs::all_at(stubs_uri),
         // Tests never bind fixed ports: a test that wants the admin port asks for 127.0.0.1:0.
         admin_listen: checkout::config::AdminListen::OFF,
         ..Config::default()
@@ -74,7 +76,7 @@ pub fn test_config(stubs: &StubServer, data_dir: &std::path::Path) -> Config {
 
 /// Starts an orchestrator over existing stubs and an existing data dir (a restart).
 pub async fn start_on(
-    stubs: StubServer,
+    stubs: Stubs,
     data_dir: tempfile::TempDir,
     adjust: impl FnOnce(&mut Config),
 ) -> Harness {
@@ -90,33 +92,47 @@ pub async fn start_with_store(
     start_wrapped(stubs, tempfile::tempdir().unwrap(), adjust, wrap).await
 }
 
+/// Opens the store (seen through `wrap`) and hands the testkit the stubs, the store and the
+/// policy `adjust` made; what the policy points away from the testkit's defaults (a
+/// downstream that is not the stubs, the admin port) is passed on as the testkit's knobs.
 async fn start_wrapped(
-    stubs: StubServer,
+    stubs: Stubs,
     data_dir: tempfile::TempDir,
     adjust: impl FnOnce(&mut Config),
     wrap: impl FnOnce(Arc<dyn OrderStore>) -> Arc<dyn OrderStore>,
 ) -> Harness {
-    let mut config = test_config(&stubs, data_dir.path());
+    let mut config = test_config(&stubs.uri(), data_dir.path());
     adjust(&mut config);
     config.validate().unwrap();
-    let config = Arc::new(config);
     let store = wrap(checkout::store::open(&config.store).await.unwrap());
-    let server = Running::start(
-        TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        Arc::clone(&config),
-        Arc::clone(&store),
-    )
-    .await
-    .unwrap();
-    let checkout = CheckoutServiceClient::connect(server.uri()).await.unwrap();
-    let control = Control::connect(stubs.uri()).await;
+    let mut builder = TestCheckout::builder();
+    for (key, uri) in config.downstream.named() {
+        if uri != stubs.uri() {
+            let service = key.trim_start_matches("downstream.");
+            builder = builder.downstream(service, uri);
+        }
+    }
+    if let Some(admin) = config.admin_listen.0 {
+        assert!(
+            admin.ip() == IpAddr::V4(Ipv4Addr::LOCALHOST) && admin.port() == 0,
+            "the harness serves the admin port on 127.0.0.1:0 only, not {admin}"
+        );
+        builder = builder.admin();
+    }
+    let kit = builder
+        .stubs(stubs)
+        .store(Arc::clone(&store))
+        .config(config)
+        .start()
+        .await;
+    let checkout = CheckoutServiceClient::connect(kit.uri()).await.unwrap();
+    let control = Control::connect(kit.stubs().uri()).await;
     Harness {
-        stubs,
-        server,
+        config: kit.config().clone(),
+        kit,
         checkout,
         control,
         store,
-        config,
         data_dir,
     }
 }
@@ -296,7 +312,7 @@ impl Harness {
 
     /// The operator API of the orchestrator.
     pub async fn operator(&self) -> pb::operator_service_client::OperatorServiceClient<Channel> {
-        pb::operator_service_client::OperatorServiceClient::connect(self.server.uri())
+        pb::operator_service_client::OperatorServiceClient::connect(self.kit.uri())
             .await
             .expect("OperatorService")
     }
@@ -335,8 +351,7 @@ impl Harness {
 
     /// Stops the orchestrator and the stubs.
     pub async fn stop(self) {
-        self.server.stop().await.unwrap();
-        self.stubs.stop().await;
+        self.kit.stop().await;
     }
 }
 

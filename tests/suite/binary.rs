@@ -1114,6 +1114,8 @@ async fn with_no_downstream_listening_health_is_serving_only_after_the_connect_a
         );
     }
 
+    // These stubs by hand, not the testkit's: they must listen on the port the binary was
+    // given before anything listened there, and the testkit's bind a free port of their own.
     let stubs = checkout_stubs::StubServer::start(socket.listen(1024).unwrap(), Vec::new())
         .await
         .unwrap();
@@ -1376,7 +1378,7 @@ async fn place_exits_with_a_code_per_answer() {
             .args([
                 "place",
                 "--addr",
-                &h.server.uri(),
+                &h.kit.uri(),
                 "--deadline-ms",
                 deadline_ms,
             ])

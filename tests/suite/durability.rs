@@ -42,7 +42,7 @@ async fn orders_left_in_every_phase_by_a_crash_are_finished_after_restart() {
     // What a killed process leaves behind: its SQLite file and the downstreams' state.
     let stubs = start_stubs().await;
     let dir = tempfile::tempdir().unwrap();
-    let store = checkout::store::open(&test_config(&stubs, dir.path()).store)
+    let store = checkout::store::open(&test_config(&stubs.uri(), dir.path()).store)
         .await
         .unwrap();
     let mut wallet = WalletServiceClient::connect(stubs.uri()).await.unwrap();
@@ -175,7 +175,7 @@ async fn orders_left_in_every_phase_by_a_crash_are_finished_after_restart() {
 async fn a_duplicate_reference_with_other_terms_is_not_a_success() {
     let stubs = start_stubs().await;
     let dir = tempfile::tempdir().unwrap();
-    let store = checkout::store::open(&test_config(&stubs, dir.path()).store)
+    let store = checkout::store::open(&test_config(&stubs.uri(), dir.path()).store)
         .await
         .unwrap();
     let now = now_ms();
@@ -465,7 +465,9 @@ async fn a_job_that_keeps_failing_is_parked_and_shown_on_its_order() {
     assert_eq!(confirmed.status(), OrderStatus::Confirmed);
     // Someone releases the hold behind the orchestrator's back before the capture is due (at
     // the caller's deadline): every capture is refused HOLD_NOT_ACTIVE.
-    let mut wallet = WalletServiceClient::connect(h.stubs.uri()).await.unwrap();
+    let mut wallet = WalletServiceClient::connect(h.kit.stubs().uri())
+        .await
+        .unwrap();
     wallet
         .release(checkout::proto::wallet::v1::ReleaseRequest {
             reference: confirmed.wallet_reference.clone(),
@@ -494,9 +496,7 @@ async fn a_job_that_keeps_failing_is_parked_and_shown_on_its_order() {
         (OrderStatus::Pending, vec!["wallet_reconcile".to_owned()])
     );
     assert!(parked.retry_after.is_none());
-    let mut operator = OperatorServiceClient::connect(h.server.uri())
-        .await
-        .unwrap();
+    let mut operator = OperatorServiceClient::connect(h.kit.uri()).await.unwrap();
     let stats = operator
         .get_worker_stats(pb::GetWorkerStatsRequest {})
         .await

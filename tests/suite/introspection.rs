@@ -32,7 +32,7 @@ async fn reflect(channel: Channel, request: MessageRequest) -> Result<MessageRes
 #[tokio::test]
 async fn orchestrator_reflection_lists_exactly_what_its_port_serves() {
     let h = start().await;
-    let channel = Channel::from_shared(h.server.uri())
+    let channel = Channel::from_shared(h.kit.uri())
         .unwrap()
         .connect()
         .await

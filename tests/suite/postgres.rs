@@ -23,7 +23,6 @@ use checkout::proto::checkout::v1::{
 use checkout::proto::stub::v1::{self as stub, Behavior, Fault};
 use checkout::server::Running;
 use checkout::store::OrderStore;
-use checkout_stubs::StubServer;
 use common::pg::TestDatabase;
 use common::{
     Control, as_client, behavior, by_id, dur, order, poll_until, start_stubs, test_config,
@@ -48,6 +47,9 @@ const POOL: u32 = 8;
 // Replicas and the stubs they share
 
 /// One orchestrator process: its server, its own pool on the shared database, its clients.
+///
+/// Started by hand, not by `checkout-testkit` (the stubs are the testkit's): a test runs
+/// several replicas over ONE set of stubs, and a `TestCheckout` owns the stubs it calls.
 struct Replica {
     server: Running,
     checkout: CheckoutServiceClient<Channel>,
@@ -59,11 +61,11 @@ impl Replica {
     /// Starts a replica on `database` whose downstreams are `stubs`, with `adjust` applied to
     /// the harness policy.
     async fn start(
-        stubs: &StubServer,
+        stubs: &checkout_testkit::Stubs,
         database: &TestDatabase,
         adjust: impl FnOnce(&mut Config),
     ) -> Self {
-        let mut config = test_config(stubs, &std::env::temp_dir());
+        let mut config = test_config(&stubs.uri(), &std::env::temp_dir());
         config.store.database_url = Some(database.url());
         config.store.pooler = crate::common::pg::pooler();
         config.store.max_connections = POOL;
@@ -179,7 +181,7 @@ impl Replica {
 
 /// The stubs every replica of a test calls, and their control client.
 struct Stubs {
-    server: StubServer,
+    server: checkout_testkit::Stubs,
     control: Control,
 }
 

@@ -15,15 +15,13 @@ use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use checkout::config::AdminListen;
 use checkout::proto::checkout::v1::{OrderStatus, checkout_service_client::CheckoutServiceClient};
 use checkout::proto::stub::v1::Fault;
-use checkout::server::Running;
+use checkout_testkit::TestCheckout;
 use common::pg::TestDatabase;
 use common::proxy::Proxy;
 use common::{Control, as_client, behavior, by_id, order, poll_until, start_stubs, test_config};
 use common::{http, with_timeout};
-use tokio::net::TcpListener;
 use tonic::Code;
 use tonic::transport::Channel;
 use tonic_health::pb::{
@@ -65,25 +63,23 @@ async fn an_unreachable_store_is_unavailable_not_overloaded_and_recovers_without
     let proxy = Proxy::start(database.server_addr()).await;
     let stubs = start_stubs().await;
     let control = Control::connect(stubs.uri()).await;
-    let mut config = test_config(&stubs, &std::env::temp_dir());
+    let mut config = test_config(&stubs.uri(), &std::env::temp_dir());
     config.store.database_url = Some(database.url_through(proxy.addr()));
     config.store.max_connections = 8;
     config.store.probe_interval = Duration::from_millis(200);
     config.store.background_timeout = 2 * SECOND;
-    config.admin_listen = AdminListen(Some("127.0.0.1:0".parse().unwrap()));
-    config.validate().unwrap();
     let store = checkout::store::open(&config.store)
         .await
         .expect("open PostgreSQL through the proxy");
-    let server = Running::start(
-        TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        Arc::new(config),
-        Arc::clone(&store),
-    )
-    .await
-    .unwrap();
-    let admin = server.admin_addr().expect("admin port");
-    let channel = Channel::from_shared(server.uri())
+    let kit = TestCheckout::builder()
+        .stubs(stubs)
+        .store(Arc::clone(&store))
+        .config(config)
+        .admin()
+        .start()
+        .await;
+    let admin = kit.admin_addr().expect("admin port");
+    let channel = Channel::from_shared(kit.uri())
         .unwrap()
         .connect()
         .await
@@ -216,7 +212,6 @@ async fn an_unreachable_store_is_unavailable_not_overloaded_and_recovers_without
     assert_eq!(placed.status(), OrderStatus::Confirmed, "{placed:?}");
 
     drop((checkout, channel));
-    server.stop().await.expect("stops cleanly");
+    kit.try_stop().await.expect("stops cleanly");
     store.close().await;
-    stubs.stop().await;
 }

@@ -15,6 +15,7 @@ use checkout::proto::checkout::v1::{
 };
 use checkout::server::Running;
 use checkout_stubs::{StubConfig, StubServer};
+use checkout_testkit::Stubs;
 use common::pki::{Leaf, Pki};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,9 +28,13 @@ const IDENTITY_A: &str = "spiffe://shop.example/client-a";
 const IDENTITY_B: &str = "spiffe://shop.example/client-b";
 
 /// The orchestrator with mutual TLS, over plaintext stubs.
+///
+/// Started by hand, not by `checkout-testkit` (the stubs are the testkit's): its orchestrator
+/// listens with TLS and demands client certificates, while the testkit connects to the
+/// checkout it starts in plaintext, with no certificate.
 struct Secure {
     pki: Pki,
-    stubs: StubServer,
+    stubs: Stubs,
     server: Running,
     a: Leaf,
     b: Leaf,
@@ -42,7 +47,7 @@ async fn start_secure(adjust: impl FnOnce(&mut Config)) -> Secure {
     let b = pki.client_uri("client-b", IDENTITY_B);
     let stubs = start_stubs().await;
     let data = tempfile::tempdir().unwrap();
-    let mut config = test_config(&stubs, data.path());
+    let mut config = test_config(&stubs.uri(), data.path());
     config.tls = Some(TlsConfig {
         cert: server_cert.cert.clone(),
         key: server_cert.key.clone(),
@@ -222,6 +227,8 @@ async fn a_client_id_header_must_match_the_certificate_when_allowed() {
 /// `[downstream_tls]` section (the CA, and a client certificate of its own).
 #[tokio::test]
 async fn downstreams_over_mutual_tls_are_reached() {
+    // Stubs and orchestrator by hand, not by `checkout-testkit`: the stubs listen with TLS
+    // (the testkit's are plaintext) and the orchestrator is configured to reach them over it.
     let pki = Pki::new();
     let stub_cert = pki.server("stubs");
     let orchestrator_cert = pki.client_uri("orchestrator", "spiffe://shop.example/checkout");
@@ -244,7 +251,7 @@ async fn downstreams_over_mutual_tls_are_reached() {
     .unwrap();
     assert!(stubs.uri().starts_with("https://"));
     let data = tempfile::tempdir().unwrap();
-    let mut config = test_config(&stubs, data.path());
+    let mut config = test_config(&stubs.uri(), data.path());
     config.downstream = DownstreamAddrs::all_at(&stubs.uri());
     config.downstream_tls = Some(DownstreamTlsConfig {
         ca: Some(pki.ca()),
@@ -282,7 +289,7 @@ async fn downstreams_over_mutual_tls_are_reached() {
 #[tokio::test]
 async fn the_server_advertises_max_concurrent_streams() {
     let h = start().await;
-    let mut socket = tokio::net::TcpStream::connect(h.server.addr())
+    let mut socket = tokio::net::TcpStream::connect(h.config.listen)
         .await
         .unwrap();
     socket
@@ -407,9 +414,10 @@ async fn misconfiguration_stops_the_start_and_secrets_are_never_shown() {
 /// server reporting SERVING and failing every order.
 #[tokio::test]
 async fn a_store_that_takes_no_writes_stops_the_start() {
+    // `checkout::server::serve` itself, by hand: the start it refuses is what is tested.
     let stubs = start_stubs().await;
     let data = tempfile::tempdir().unwrap();
-    let config = Arc::new(test_config(&stubs, data.path()));
+    let config = Arc::new(test_config(&stubs.uri(), data.path()));
     let store = checkout::store::open(&config.store).await.unwrap();
     store.close().await;
     let db = data.path().join("checkout.db");

@@ -28,19 +28,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 use self::report::{Measured, ProcUse, Tally};
 use crate::load::{self, GIVE_UP_AFTER_DEADLINE};
 use crate::procfs::{self, ProcSample};
-use checkout::config::{Config, DownstreamAddrs};
+use checkout::config::Config;
 use checkout::store::{MemoryStore, OrderStore};
 use checkout_proto::checkout::v1::{
     self as pb, checkout_service_client::CheckoutServiceClient,
     operator_service_client::OperatorServiceClient,
 };
+use checkout_testkit::TestCheckout;
 
 /// Closed or open loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -461,13 +461,12 @@ async fn run_lane(
             })
         }
         LaneKind::InProcess(kind) => {
-            let (stubs, server, _dir) = start_in_process(args, *kind).await?;
-            let uri = server.uri();
+            let checkout = start_in_process(args, *kind).await?;
+            let uri = checkout.uri();
             // In-process, the loader's own CPU is the whole system's.
             let measured = drive(args, &uri, lane, mode, round, vec![(me, true)]).await;
             let backlog = backlog(&uri).await;
-            server.stop().await?;
-            stubs.stop().await;
+            checkout.try_stop().await?;
             let (measured, sent) = measured?;
             Ok(Run {
                 lane: lane.name.clone(),
@@ -481,47 +480,30 @@ async fn run_lane(
     }
 }
 
-async fn start_in_process(
-    args: &LoadgenArgs,
-    kind: StoreKind,
-) -> anyhow::Result<(
-    checkout_stubs::StubServer,
-    checkout::server::Running,
-    tempfile::TempDir,
-)> {
-    let stubs =
-        checkout_stubs::StubServer::start(TcpListener::bind("127.0.0.1:0").await?, Vec::new())
-            .await?;
-    let dir = tempfile::tempdir()?;
-    let mut config = Config {
-        downstream: DownstreamAddrs::all_at(&stubs.uri()),
-        // In-process lanes serve no admin port: several may run in one process.
-        admin_listen: checkout::config::AdminListen::OFF,
-        ..Config::default()
-    };
-    config.store.data_dir = dir.path().to_owned();
+/// Checkout and its stubs in this process (`checkout-testkit`), recording in the lane's store.
+async fn start_in_process(args: &LoadgenArgs, kind: StoreKind) -> anyhow::Result<TestCheckout> {
+    // In-process lanes serve no admin port (the testkit's default): several may run in one
+    // process.
+    let mut config = Config::default();
     config.store.sqlite_synchronous = match args.sqlite_synchronous.as_str() {
         "normal" => checkout::config::SqliteSynchronous::Normal,
         _ => checkout::config::SqliteSynchronous::Full,
     };
-    let store: Arc<dyn OrderStore> = match kind {
-        StoreKind::Memory => Arc::new(MemoryStore::new()),
-        StoreKind::Sqlite => checkout::store::open(&config.store).await?,
+    let builder = TestCheckout::builder();
+    let builder = match kind {
+        // Built here rather than by `store.in_memory`, which warns at start that nothing is
+        // durable: a benchmark's baseline says so itself.
+        StoreKind::Memory => builder.store(Arc::new(MemoryStore::new()) as Arc<dyn OrderStore>),
+        StoreKind::Sqlite => builder.sqlite(),
         StoreKind::Postgres => {
             config.store.database_url = Some(args.database_url.clone());
-            checkout::store::open(&config.store)
+            let store = checkout::store::open(&config.store)
                 .await
-                .context("opening PostgreSQL")?
+                .context("opening PostgreSQL")?;
+            builder.store(store)
         }
     };
-    config.validate()?;
-    let server = checkout::server::Running::start(
-        TcpListener::bind("127.0.0.1:0").await?,
-        Arc::new(config),
-        store,
-    )
-    .await?;
-    Ok((stubs, server, dir))
+    Ok(builder.config(config).try_start().await?)
 }
 
 /// The measured span of a run split into windows: `bounds[i]..bounds[i + 1]` is window `i`.

@@ -1,4 +1,4 @@
-//! `checkout otlp-sink` (hidden): an OTLP/gRPC collector of traces and metrics that accepts
+//! `checkout otlp-sink`: an OTLP/gRPC collector of traces and metrics that accepts
 //! every export and keeps nothing but counts — the benchmark's stand-in for an OpenTelemetry
 //! Collector, so the cost measured is the exporting process's own.
 

@@ -196,10 +196,23 @@ mod tests {
                 let tid = std::fs::read_link("/proc/thread-self")
                     .ok()
                     .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok());
-                // Spins until at least two clock ticks of CPU show in its own stat line.
+                // Spins until its own stat line shows three clock ticks of CPU (30 ms): on a
+                // loaded machine a fixed spell of wall time may earn the thread less than the
+                // 20 ms asserted below. At most 10 s.
+                let me = std::process::id();
+                let burnt = |tid: u32| {
+                    sample_threads(me, "probe-busy-thread-name")
+                        .ok()
+                        .and_then(|s| s.cpu.get(&tid).copied())
+                        .unwrap_or_default()
+                };
                 let spun = std::time::Instant::now();
-                while spun.elapsed() < Duration::from_millis(60) {
-                    std::hint::black_box(spun.elapsed());
+                while spun.elapsed() < Duration::from_secs(10)
+                    && tid.is_some_and(|t| burnt(t) < Duration::from_millis(30))
+                {
+                    for _ in 0..10_000 {
+                        std::hint::black_box(spun.elapsed());
+                    }
                 }
                 started.send(tid).expect("the test waits for the thread");
                 finished.recv().ok();

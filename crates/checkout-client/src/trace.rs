@@ -3,8 +3,12 @@
 //!
 //! Written here from the span context (the format is one line of hex) because the
 //! OpenTelemetry API crate ships no propagator implementation, and the SDK's would bring the
-//! SDK into every caller. With tracing-opentelemetry, make the span's context current first
-//! (`Span::current().context()` attached, or `FutureExt::with_context`).
+//! SDK into every caller. With `tracing` and the tracing-opentelemetry layer (0.32 and later;
+//! this workspace pins 0.34), being inside the span is enough: the layer makes a span's
+//! OpenTelemetry context current whenever the span is entered, so a call made in an entered
+//! span, or in a future `.instrument`ed with it, sends that span's trace
+//! (`tests/calls/wire.rs`). Only a layer built `with_context_activation(false)` needs the
+//! context attached by hand (`span.context().attach()`, or `FutureExt::with_context`).
 
 use tonic::metadata::MetadataMap;
 

@@ -67,6 +67,9 @@ async fn start_stubs_keeping(capacity: usize) -> Stubs {
     .await
 }
 
+/// The stub server started directly, not through `checkout-testkit`: it is what these tests
+/// test (its initial behaviours and history bounds come from `StubConfig`), and the testkit
+/// is built on this crate.
 async fn start_stubs_configured(config: StubConfig) -> Stubs {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server = StubServer::start_with(listener, config).await.unwrap();

@@ -5,7 +5,8 @@
 //!
 //! # Layout
 //! - [`TestCheckout`] and its [`Builder`]: start, connect a
-//!   [`CheckoutClient`](checkout_client::CheckoutClient), wait for the worker, stop.
+//!   [`CheckoutClient`](checkout_client::CheckoutClient), wait for the worker, stop;
+//!   [`StartError`] for a harness that reports a failed start instead of panicking.
 //! - [`Stubs`]: [`Behavior`] and [`Fault`] per service and method, the [`Effect`] log and
 //!   per-method stats.
 //! - [`poll_until`] (and [`poll::poll`]): waiting for a condition without fixed sleeps,
@@ -17,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod checkout;
+mod error;
 mod stubs;
 
 /// The repository README's Rust examples ("Calling checkout from your service", "Testing your
@@ -27,6 +29,7 @@ mod stubs;
 pub struct RepositoryReadme;
 
 pub use checkout::{Builder, TestCheckout};
+pub use error::StartError;
 pub use stubs::{Behavior, Effect, Fault, MethodStats, Stubs, WalletStats};
 
 /// Waiting for a condition without fixed sleeps, failing loudly with the last state seen: the

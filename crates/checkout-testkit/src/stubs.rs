@@ -2,14 +2,18 @@
 //! calls, with typed knobs — [`Behavior`] (latency, a fault and how often) per service and
 //! method — and what they saw: their [`Effect`] log and per-method stats.
 
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::time::{Duration, SystemTime};
 
 use checkout_proto::stub::v1::{
     self as pb, ConfigureRequest, GetStatsRequest, ListEffectsRequest, ResetRequest,
     stub_control_client::StubControlClient,
 };
-use checkout_stubs::StubServer;
+use checkout_stubs::{StubConfig, StubServer};
 use tonic::transport::Channel;
+
+use crate::error::StartError;
 
 /// What one stubbed method's stats say (`stub.v1.MethodStats`): calls received, how they
 /// ended, the largest budget one carried (`max_budget_ms`), ...
@@ -167,34 +171,71 @@ pub struct Stubs {
     server: Option<StubServer>,
     /// `stub.v1.StubControl`.
     control: StubControlClient<Channel>,
-    /// Where they listen.
+    /// Where they listen, as a URI.
     uri: String,
+    /// Where they listen.
+    addr: SocketAddr,
 }
 
 impl Stubs {
     /// Starts the stubs alone on `127.0.0.1:0`, for a test of something that calls them
-    /// directly (a [`TestCheckout`](crate::TestCheckout) starts its own). Stopped when dropped.
+    /// directly, or to script them before a checkout starts over them
+    /// ([`Builder::stubs`](crate::Builder::stubs)); a [`TestCheckout`](crate::TestCheckout)
+    /// otherwise starts its own. Stopped when dropped. Panics when they cannot start.
     pub async fn start() -> Self {
+        Self::try_start()
+            .await
+            .unwrap_or_else(|e| panic!("checkout-testkit: {e}"))
+    }
+
+    /// [`Stubs::start`], with a failure to start as an error instead of a panic.
+    pub async fn try_start() -> Result<Self, StartError> {
+        Self::try_start_with(StubConfig::default()).await
+    }
+
+    /// The stubs keeping at most `capacity` entries of each history — the effect log, finished
+    /// holds and reservations, cart snapshots (50,000 by default) — for a long test that
+    /// measures the process's memory. Older entries are forgotten first.
+    pub async fn start_with_history(capacity: NonZeroUsize) -> Self {
+        let config = StubConfig {
+            history_capacity: capacity,
+            ..StubConfig::default()
+        };
+        Self::try_start_with(config)
+            .await
+            .unwrap_or_else(|e| panic!("checkout-testkit: {e}"))
+    }
+
+    /// Starts a stub server configured by `config` on `127.0.0.1:0` and connects its control
+    /// plane.
+    async fn try_start_with(config: StubConfig) -> Result<Self, StartError> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .unwrap_or_else(|e| panic!("checkout-testkit: binding the stubs' port: {e}"));
-        let server = StubServer::start(listener, Vec::new())
-            .await
-            .unwrap_or_else(|e| panic!("checkout-testkit: starting the stubs: {e}"));
-        let uri = server.uri();
+            .map_err(StartError::Bind)?;
+        let server = StubServer::start_with(listener, config).await?;
+        let (uri, addr) = (server.uri(), server.addr());
         let control = StubControlClient::connect(uri.clone())
             .await
-            .unwrap_or_else(|e| panic!("checkout-testkit: connecting to StubControl: {e}"));
-        Self {
+            .map_err(|source| StartError::Connect {
+                what: "StubControl",
+                source,
+            })?;
+        Ok(Self {
             server: Some(server),
             control,
             uri,
-        }
+            addr,
+        })
     }
 
     /// Where the stubs listen (`http://127.0.0.1:port`): all four services and `StubControl`.
     pub fn uri(&self) -> String {
         self.uri.clone()
+    }
+
+    /// Where the stubs listen, as a socket address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// Sets how `service`'s `method` behaves (`"wallet"`, `"Hold"`); an empty `method` sets
@@ -270,8 +311,14 @@ impl Stubs {
             .into_inner()
     }
 
+    /// Stops the stubs and waits for them (re-raising their panic, if they panicked). Calls in
+    /// flight get the stubs' shutdown grace to finish.
+    pub async fn stop(mut self) {
+        self.shutdown().await;
+    }
+
     /// Stops the stub server and waits for it (re-raising its panic, if it panicked).
-    pub(crate) async fn stop(&mut self) {
+    pub(crate) async fn shutdown(&mut self) {
         if let Some(server) = self.server.take() {
             server.stop().await;
         }

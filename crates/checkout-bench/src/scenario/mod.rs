@@ -65,9 +65,9 @@ pub enum ScenarioError {
     /// The orchestrator could not start or stopped with an error.
     #[error(transparent)]
     Server(#[from] checkout::server::ServerError),
-    /// The stubs could not start.
+    /// The rig (stubs and orchestrator) could not start.
     #[error(transparent)]
-    Stubs(#[from] checkout_stubs::StubError),
+    Start(#[from] checkout_testkit::StartError),
     /// The store could not be opened.
     #[error("opening the order store: {0}")]
     Store(#[from] checkout::store::StoreError),

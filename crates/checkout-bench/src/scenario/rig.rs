@@ -1,16 +1,15 @@
 //! The rig a scenario runs on: the four stubs and an orchestrator (SQLite in a temporary
-//! directory, its worker running) started in-process on `127.0.0.1:0`, with clients for
-//! CheckoutService, OperatorService and StubControl, and the few calls the scenarios make.
+//! directory, its worker running) started in-process on `127.0.0.1:0` by `checkout-testkit`,
+//! with clients for CheckoutService, OperatorService and StubControl, and the few calls the
+//! scenarios make.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 use super::ScenarioError;
-use checkout::config::{Config, DownstreamAddrs};
-use checkout::server::Running;
+use checkout::config::Config;
 use checkout_proto::checkout::v1::{
     self as pb, checkout_service_client::CheckoutServiceClient,
     operator_service_client::OperatorServiceClient,
@@ -19,7 +18,7 @@ use checkout_proto::stub::v1::{
     self as stub, ConfigureRequest, GetStatsRequest, ListEffectsRequest,
     stub_control_client::StubControlClient,
 };
-use checkout_stubs::StubServer;
+use checkout_testkit::TestCheckout;
 
 /// The `x-client-id` every scenario order is placed (and read) as.
 pub const CLIENT_ID: &str = "scenario";
@@ -34,49 +33,35 @@ pub struct Rig {
     operator: OperatorServiceClient<Channel>,
     /// StubControl of the stubs.
     control: StubControlClient<Channel>,
-    /// Stopped by [`Rig::stop`].
-    server: Running,
-    /// Stopped by [`Rig::stop`] (or when dropped).
-    stubs: StubServer,
-    /// Holds the SQLite file until the rig is dropped.
-    _data_dir: tempfile::TempDir,
+    /// The orchestrator and the stubs (and the SQLite file's directory); stopped by
+    /// [`Rig::stop`], or when dropped.
+    kit: TestCheckout,
 }
 
 impl Rig {
     /// Starts stubs and an orchestrator with `config` (its downstreams pointed at the stubs,
     /// its store in a fresh temporary directory).
-    pub async fn start(mut config: Config) -> Result<Self, ScenarioError> {
-        let stubs = StubServer::start(TcpListener::bind("127.0.0.1:0").await?, Vec::new()).await?;
-        let data_dir = tempfile::tempdir()?;
-        config.downstream = DownstreamAddrs::all_at(&stubs.uri());
-        config.store.data_dir = data_dir.path().to_owned();
-        config.store.database_url = None;
-        // The admin port is not part of any scenario; the default fixed port (9464) would make
-        // a scenario fail whenever something else on the machine holds it.
-        config.admin_listen = checkout::config::AdminListen::OFF;
-        config.validate()?;
-        let config = Arc::new(config);
-        let store = checkout::store::open(&config.store).await?;
-        let server = Running::start(
-            TcpListener::bind("127.0.0.1:0").await?,
-            Arc::clone(&config),
-            store,
-        )
-        .await?;
-        let channel = tonic::transport::Endpoint::from_shared(server.uri())
+    pub async fn start(config: Config) -> Result<Self, ScenarioError> {
+        // The policy as given (the testkit turns the admin port off: it is not part of any
+        // scenario, and the default fixed port, 9464, would fail a scenario whenever something
+        // else on the machine holds it).
+        let kit = TestCheckout::builder()
+            .config(config)
+            .sqlite()
+            .try_start()
+            .await?;
+        let channel = tonic::transport::Endpoint::from_shared(kit.uri())
             .map_err(|e| ScenarioError::Setup(format!("orchestrator address: {e}")))?
             .tcp_nodelay(true)
             .connect()
             .await?;
-        let control = StubControlClient::connect(stubs.uri()).await?;
+        let control = StubControlClient::connect(kit.stubs().uri()).await?;
         Ok(Self {
-            config,
+            config: Arc::new(kit.config().clone()),
             checkout: CheckoutServiceClient::new(channel.clone()),
             operator: OperatorServiceClient::new(channel),
             control,
-            server,
-            stubs,
-            _data_dir: data_dir,
+            kit,
         })
     }
 
@@ -87,7 +72,7 @@ impl Rig {
         &self,
         n: usize,
     ) -> Result<Vec<CheckoutServiceClient<Channel>>, ScenarioError> {
-        connect_checkout(&self.server.uri(), n).await
+        connect_checkout(&self.kit.uri(), n).await
     }
 
     /// Runs `load` with `n` CheckoutService clients (as [`Rig::checkout_clients`]) on a tokio
@@ -102,7 +87,7 @@ impl Rig {
         Fut: std::future::Future<Output = Result<T, ScenarioError>>,
         T: Send + 'static,
     {
-        let uri = self.server.uri();
+        let uri = self.kit.uri();
         let (done, result) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name("scenario-client".to_owned())
@@ -127,9 +112,7 @@ impl Rig {
 
     /// Stops the orchestrator (in-flight orders finish by their deadlines) and the stubs.
     pub async fn stop(self) -> Result<(), ScenarioError> {
-        let stopped = self.server.stop().await;
-        self.stubs.stop().await;
-        Ok(stopped?)
+        Ok(self.kit.try_stop().await?)
     }
 
     /// Sets the behaviour of a stubbed method (`method` empty: all of the service's).

@@ -7,6 +7,7 @@ mod errors;
 mod front;
 mod pending;
 mod proxy;
+mod relay;
 mod retry;
 mod throttle;
 mod wire;

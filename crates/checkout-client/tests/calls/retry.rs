@@ -1,13 +1,14 @@
-//! Safe retries: one idempotency key per order on every attempt, a pause no shorter than
-//! checkout's RetryInfo, never past the deadline, and a call that got no answer in time
-//! reported with its key.
+//! Safe retries: one idempotency key per order on every attempt — after a refusal or a real
+//! transport failure — a pause no shorter than checkout's RetryInfo, never past the deadline,
+//! and a call that got no answer in time reported with its key.
 
 use std::time::{Duration, Instant};
 
 use checkout_client::{CheckoutClient, Error, Placed};
-use checkout_testkit::TestCheckout;
+use checkout_testkit::{Behavior, TestCheckout, poll_until};
 
 use crate::proxy::{Proxy, overloaded, unavailable};
+use crate::relay::Relay;
 use crate::{SECOND, order, within};
 
 const MS: Duration = Duration::from_millis(1);
@@ -41,6 +42,64 @@ async fn a_retry_after_unavailable_carries_the_same_key_and_places_one_order() {
         .filter(|e| e.method == "Hold" && e.reference == placed.order_id())
         .count();
     assert_eq!(holds, 1);
+    t.stop().await;
+}
+
+/// A connection reset while the first attempt is in checkout's hands (the order recorded, its
+/// inventory reserved, its hold at the wallet) is a transport failure: the client retries over
+/// a new connection with the SAME key, and its answer is the order the first attempt recorded
+/// — one order, one reservation. Checkout saw its caller leave, so that order ends DECLINED
+/// CALLER_ABANDONED, retryable, with nothing held or captured.
+#[tokio::test]
+async fn a_connection_reset_mid_call_is_retried_with_the_same_key_and_records_one_order() {
+    let t = TestCheckout::start().await;
+    t.stubs()
+        .set("wallet", "Hold", Behavior::slow(300 * MS))
+        .await;
+    let relay = Relay::start(&t.uri()).await;
+    let client = CheckoutClient::connect(relay.uri.clone())
+        .await
+        .expect("connect");
+    let placing = {
+        let client = client.clone();
+        tokio::spawn(within(5 * SECOND, async move {
+            client.place(order("cart-1", None)).await
+        }))
+    };
+    poll_until(
+        "the first attempt's hold to reach the wallet",
+        10 * SECOND,
+        5 * MS,
+        || t.stubs().method("wallet", "Hold"),
+        |hold| hold.received >= 1,
+    )
+    .await;
+    relay.reset_all();
+    let placed = placing
+        .await
+        .expect("the call task")
+        .expect("answered on the retry");
+    let last = within(10 * SECOND, client.await_final(placed.order_id()))
+        .await
+        .expect("read");
+    assert!(
+        matches!(&last, Placed::Declined { order, retryable: true, .. } if order.reason == "CALLER_ABANDONED"),
+        "{last:?}"
+    );
+    assert!(relay.accepted() >= 2, "the retry took a new connection");
+
+    t.wait_idle(10 * SECOND).await;
+    let reserved: Vec<String> = t
+        .stubs()
+        .effects("inventory")
+        .await
+        .into_iter()
+        .filter(|e| e.method == "Reserve")
+        .map(|e| e.reference)
+        .collect();
+    assert_eq!(reserved, vec![last.order_id().to_owned()], "one order");
+    let wallet = t.stubs().wallet().await;
+    assert_eq!((wallet.holds_active, wallet.holds_captured), (0, 0));
     t.stop().await;
 }
 

@@ -85,3 +85,50 @@ async fn the_callers_trace_context_is_sent_as_traceparent() {
     assert_eq!(seen[1].traceparent, None);
     t.stop().await;
 }
+
+/// A caller that traces with `tracing` and the tracing-opentelemetry layer needs nothing
+/// more: a call made inside a `tracing` span (here a future `.instrument`ed with it) sends
+/// that span's trace and span ids as `traceparent`, because the layer (0.32 and later) makes a
+/// span's OpenTelemetry context current whenever the span is entered. The subscriber is this
+/// test's alone (`set_default`, on the test's one thread), not the process's.
+#[tokio::test(flavor = "current_thread")]
+async fn a_tracing_span_under_the_opentelemetry_layer_is_sent_as_traceparent() {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing::Instrument as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    let t = TestCheckout::start().await;
+    let proxy = Proxy::start(t.uri()).await;
+    let client = CheckoutClient::connect(proxy.uri.clone())
+        .await
+        .expect("connect");
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOn)
+        .build();
+    // Only this test's own spans: the checkout and stubs in this process trace on their own.
+    let ours = tracing_subscriber::filter::filter_fn(|meta| meta.target().starts_with("calls"));
+    let layer = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("caller"))
+        .with_filter(ours);
+    let _scoped = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+
+    let span = tracing::info_span!("handle_purchase");
+    let context = span.context().span().span_context().clone();
+    assert!(context.is_valid() && context.is_sampled(), "{context:?}");
+    let placed = within(2 * SECOND, client.place(order("cart-1", None)))
+        .instrument(span)
+        .await;
+    assert!(matches!(placed, Ok(Placed::Confirmed(_))), "{placed:?}");
+    let seen = proxy.seen_of("PlaceOrder").remove(0);
+    assert_eq!(
+        seen.traceparent,
+        Some(format!(
+            "00-{:032x}-{:016x}-01",
+            context.trace_id(),
+            context.span_id()
+        ))
+    );
+    t.stop().await;
+}
