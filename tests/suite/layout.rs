@@ -657,7 +657,10 @@ fn allowed_dependencies() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
             vec!["checkout-proto", "checkout-stubs", "checkout-telemetry"],
         ),
         ("checkout-testkit", below_the_service.to_vec()),
-        ("checkout-bench", below_the_service.to_vec()),
+        (
+            "checkout-bench",
+            [below_the_service.as_slice(), &["checkout-testkit"]].concat(),
+        ),
     ]
     .into_iter()
     .map(|(name, deps)| (name, deps.into_iter().collect()))
