@@ -50,7 +50,8 @@ async fn render_metrics(State(admin): State<Admin>) -> impl IntoResponse {
     if let Some(store) = &admin.store {
         match tokio::time::timeout(STATS_TIMEOUT, store.stats()).await {
             Ok(Ok(stats)) => {
-                let now = crate::deadline::now_ms();
+                // Due times are on the store's clock (docs/design.md §6, One clock).
+                let now = store.clock().now_ms();
                 let overdue_ms = stats
                     .oldest_pending_run_at_ms
                     .map_or(0, |at| now.saturating_sub(at).max(0));

@@ -19,7 +19,9 @@ use serde::Deserialize;
 pub use crate::admission::AdmissionPolicy;
 pub use crate::checkout::{AuthPolicy, FraudOnTimeout, FraudPolicy, RetryAfterPolicy};
 pub use crate::deadline::DeadlinePolicy;
-pub use crate::downstream::{BreakerPolicy, DownstreamAddrs, HedgePolicy};
+pub use crate::downstream::{
+    BreakerPolicy, DownstreamAddrs, DownstreamConnectionPolicy, HedgePolicy,
+};
 pub use crate::steps::{HEDGEABLE, StepPolicy, Steps};
 pub use crate::store::{Pooler, SqliteSynchronous, StoreConfig, redact_url};
 pub use crate::tls::{DownstreamTlsConfig, TlsConfig};
@@ -129,6 +131,8 @@ pub struct Config {
     pub admin_listen: AdminListen,
     /// Where each downstream service is.
     pub downstream: DownstreamAddrs,
+    /// How a dead or partitioned connection to a downstream is found and given up.
+    pub downstream_connection: DownstreamConnectionPolicy,
     /// How the caller's deadline is read and spent.
     pub deadline: DeadlinePolicy,
     /// Per-step caps, connect timeouts, minimum budgets, bulkheads and hedging.
@@ -170,6 +174,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             admin_listen: AdminListen::ORCHESTRATOR_DEFAULT,
             downstream: DownstreamAddrs::default(),
+            downstream_connection: DownstreamConnectionPolicy::default(),
             deadline: DeadlinePolicy::default(),
             steps: Steps::default(),
             fraud: FraudPolicy::default(),
@@ -323,6 +328,7 @@ impl Config {
     pub fn downstream_settings(&self) -> crate::downstream::Settings<'_> {
         crate::downstream::Settings {
             addrs: &self.downstream,
+            connection: &self.downstream_connection,
             tls: self.downstream_tls.as_ref(),
             steps: &self.steps,
             breaker: &self.breaker,
@@ -466,7 +472,20 @@ impl Config {
         let w = &self.worker;
         let st = &self.store;
         let sv = &self.server;
+        let dc = &self.downstream_connection;
         let durations: Vec<(&str, Duration, Duration, Duration)> = vec![
+            (
+                "downstream_connection.keepalive",
+                dc.keepalive,
+                SECOND,
+                HOUR,
+            ),
+            (
+                "downstream_connection.unacked_timeout",
+                dc.unacked_timeout,
+                SECOND,
+                HOUR,
+            ),
             ("deadline.server_budget_max", d.server_budget_max, MS, HOUR),
             (
                 "deadline.request_deadline_ms_reserve",

@@ -31,7 +31,6 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::checkout::CheckoutApi;
-use crate::deadline::now_ms;
 use crate::proto::checkout::v1::checkout_service_server::CheckoutServiceServer;
 use crate::store::{OrderStore, StoreError, StoreHealth};
 
@@ -201,7 +200,7 @@ pub async fn watch_store<F, Fut>(
             () = health.woken() => tokio::time::sleep_until(last + PROBE_GAP).await,
             () = stop.cancelled() => return,
         }
-        let probed = match tokio::time::timeout(limit, store.probe(now_ms())).await {
+        let probed = match tokio::time::timeout(limit, store.probe(store.clock().now_ms())).await {
             Ok(probed) => probed,
             Err(_) => Err(StoreError::Timeout(limit)),
         };

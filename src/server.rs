@@ -124,7 +124,7 @@ pub async fn bind_admin(config: &Config) -> Result<Option<TcpListener>, ServerEr
 /// said SERVING, so it stops the start.
 async fn probe(store: &dyn OrderStore) -> Result<(), ServerError> {
     store
-        .probe(crate::deadline::now_ms())
+        .probe(store.clock().now_ms())
         .await
         .map_err(ServerError::StoreNotWritable)
 }

@@ -41,14 +41,14 @@ use super::{
 };
 use crate::admission::{AdaptiveLimiter, AdmissionPolicy, Permit};
 use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
-use crate::deadline::{Deadline, DeadlinePolicy, millis, now_ms};
+use crate::deadline::{Deadline, DeadlinePolicy, millis};
 use crate::downstream::operation_context;
 use crate::downstream::{Downstreams, HoldOutcome};
 use crate::proto::inventory::v1 as inventory;
 use crate::steps::Steps;
 use crate::store::{
-    Begin, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreError, StoreHealth,
-    TimeLimit,
+    Begin, Money, NewOrder, OrderRecord, OrderStatus, OrderStore, StoreClock, StoreError,
+    StoreHealth, TimeLimit,
 };
 use checkout_telemetry::{self as telemetry, metrics};
 
@@ -83,6 +83,9 @@ pub struct Orchestrator {
     limiter: AdaptiveLimiter,
     downstreams: Downstreams,
     store: Arc<dyn OrderStore>,
+    /// The store's clock: every time this orchestrator stores, forwards or reads (the
+    /// caller's `x-request-deadline`) is on it (docs/design.md §6, One clock).
+    clock: StoreClock,
     /// Whether the store takes writes: while it does not, orders are refused before
     /// admission (UNAVAILABLE, not OVERLOADED), and failed writes wake its probe.
     store_health: Arc<StoreHealth>,
@@ -140,6 +143,7 @@ impl Orchestrator {
             limiter,
             settings,
             downstreams,
+            clock: store.clock(),
             store,
             store_health,
             operations: TaskTracker::new(),
@@ -154,6 +158,11 @@ impl Orchestrator {
     /// The store.
     pub fn store(&self) -> &Arc<dyn OrderStore> {
         &self.store
+    }
+
+    /// The store's clock, on which every absolute time is read and written.
+    pub fn clock(&self) -> &StoreClock {
+        &self.clock
     }
 
     /// The admission limit (the worker yields to the request path while it sheds).
@@ -202,10 +211,11 @@ impl Orchestrator {
         }
     }
 
-    /// Refuses at once while the store takes no writes: the order could not be recorded, so
-    /// nothing would be sent. Not an overload — the admission limit never sees it.
+    /// Refuses at once while the store takes no writes — or is suspect, a write having
+    /// stalled, until its probe says (see [`StoreHealth`]): the order could not be recorded,
+    /// so nothing would be sent. Not an overload — the admission limit never sees it.
     fn store_up(&self) -> Result<(), CheckoutError> {
-        if self.store_health.is_up() {
+        if self.store_health.is_up() && !self.store_health.is_suspect() {
             return Ok(());
         }
         Err(CheckoutError::StoreDown {
@@ -228,10 +238,18 @@ impl Orchestrator {
         })
     }
 
-    /// Publishes an admission decision; a refusal becomes the OVERLOADED error.
+    /// Publishes an admission decision; a refusal becomes the OVERLOADED error — unless the
+    /// store turned suspect since [`Orchestrator::store_up`] looked (a write stalled, and the
+    /// probe has not said yet whether the store is down): then the orders in flight are
+    /// backing up behind it, and the refusal names the store, not an overload.
     fn judged<T>(&self, admitted: Result<T, Overload>) -> Result<T, CheckoutError> {
         metrics::admission(self.limiter.limit(), self.limiter.in_flight());
         admitted.map_err(|cause| {
+            if self.store_health.is_suspect() {
+                return CheckoutError::StoreDown {
+                    retry_after: self.settings.retry_after.unavailable,
+                };
+            }
             metrics::overloaded(cause.as_str());
             CheckoutError::Overloaded {
                 cause,
@@ -380,7 +398,11 @@ impl Operation {
             match self
                 .orchestrator
                 .store
-                .abandon(order_id, now_ms(), millis(settings.retry_after.pending))
+                .abandon(
+                    order_id,
+                    self.orchestrator.clock.now_ms(),
+                    millis(settings.retry_after.pending),
+                )
                 .await
             {
                 Ok(true) => {
@@ -406,15 +428,18 @@ impl Operation {
         let orchestrator = &self.orchestrator;
         let settings = &orchestrator.settings;
         let deadline = &self.deadline;
-        let order = request.to_new_order(deadline.at_epoch_ms(), now_ms());
-        let takeover_at = deadline.at_epoch_ms() + millis(settings.takeover_grace);
+        // On the store's clock, as every replica compares them (docs/design.md §6, One clock).
+        let clock = &orchestrator.clock;
+        let deadline_ms = clock.epoch_ms_at(deadline.at());
+        let order = request.to_new_order(deadline_ms, clock.now_ms());
+        let takeover_at = deadline_ms + millis(settings.takeover_grace);
         let placed = |record| Placed {
             record,
             waterfall: self.waterfall.clone(),
         };
         let begun = store_write(
             "begin",
-            orchestrator.store.begin(&order, takeover_at, self.limit()),
+            self.watched(orchestrator.store.begin(&order, takeover_at, self.limit())),
         )
         .await;
         telemetry::annotate(|| idempotency(&order, &begun));
@@ -449,6 +474,21 @@ impl Operation {
         Ok((placed(record), true))
     }
 
+    /// `write`, telling the store's health when it stalls (still unanswered after
+    /// [`crate::store::SLOW_WRITE`]): the probe runs at once, and until it concludes new
+    /// orders are refused for the store.
+    async fn watched<F: std::future::Future>(&self, write: F) -> F::Output {
+        let mut write = std::pin::pin!(write);
+        tokio::select! {
+            biased;
+            output = &mut write => output,
+            () = tokio::time::sleep(crate::store::SLOW_WRITE) => {
+                self.orchestrator.store_health.write_stalled();
+                write.await
+            }
+        }
+    }
+
     /// A store write of this operation failed: the store's probe runs now, and the permit
     /// will be released without a sample.
     fn store_write_failed(&self) {
@@ -474,14 +514,20 @@ impl Operation {
     /// RECEIVED) and finishes it.
     async fn record(&self, created: OrderRecord, verdict: Verdict) -> OrderRecord {
         let store = &self.orchestrator.store;
+        let clock = &self.orchestrator.clock;
         let decision = verdict
-            .into_decision(&created.order.order_id, now_ms())
-            .not_before(self.deadline.at_epoch_ms());
+            .into_decision(&created.order.order_id, clock.now_ms())
+            .not_before(clock.epoch_ms_at(self.deadline.at()));
         if self.abandoned.is_cancelled() {
             // Nobody is waiting: take the time needed to make the abandonment durable.
             return self.record_abandonment(created, decision).await;
         }
-        match store_write("decide", store.decide(&decision, self.limit())).await {
+        match store_write(
+            "decide",
+            self.watched(store.decide(&decision, self.limit())),
+        )
+        .await
+        {
             Ok(stored) => stored,
             Err(error) => {
                 self.store_write_failed();
@@ -641,12 +687,13 @@ impl Run<'_> {
         };
         let intent = store_write(
             "hold_intent",
-            self.orchestrator.store.record_hold_intent(
-                &self.order.order_id,
-                total,
-                now_ms(),
-                self.operation.limit(),
-            ),
+            self.operation
+                .watched(self.orchestrator.store.record_hold_intent(
+                    &self.order.order_id,
+                    total,
+                    self.orchestrator.clock.now_ms(),
+                    self.operation.limit(),
+                )),
         );
         tokio::join!(fraud, inventory, intent)
     }

@@ -196,7 +196,8 @@ impl OrderRequest {
 /// at the right edge instead of each landing on a random page of a table of millions; every
 /// write group then rewrites a handful of pages, not one per order (measured on SQLite at
 /// 1,100 orders/s: 26 WAL pages per commit, against 69–129 with fully random ids). 80 random
-/// bits keep an id unguessable.
+/// bits keep an id unguessable. The time is this machine's clock, not the store's: it only
+/// orders ids, and no replica compares it with anything.
 pub fn new_order_id() -> String {
     order_id_at(crate::deadline::now_ms(), rand::random())
 }

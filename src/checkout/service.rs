@@ -2,7 +2,7 @@
 //! [`Orchestrator`], and renders stored records as `Order` messages.
 
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use opentelemetry::KeyValue;
 use tonic::{Request, Response, Status};
@@ -14,7 +14,7 @@ use super::{
     is_key, is_order_id,
 };
 use crate::budget::waterfall_duration;
-use crate::deadline::ingest;
+use crate::deadline::ingest_at;
 use crate::proto::checkout::v1::{
     self as pb, checkout_service_server::CheckoutService, get_order_request::Lookup,
 };
@@ -62,7 +62,10 @@ impl CheckoutService for CheckoutApi {
     ) -> Result<Response<pb::Order>, Status> {
         let settings = self.orchestrator.settings();
         let mut violations = Vec::new();
-        let deadline = ingest(request.metadata(), &settings.deadline)
+        // The caller's absolute deadline is read on the store's clock, which also carries the
+        // deadline forwarded downstream (docs/design.md §6, One clock).
+        let wall = self.orchestrator.clock().now();
+        let deadline = ingest_at(request.metadata(), &settings.deadline, Instant::now(), wall)
             .map_err(|e| violations.push(FieldViolation::new(e.header, e.to_string())))
             .ok();
         // Under a surge, refuse before spending anything on the request.

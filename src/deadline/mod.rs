@@ -68,7 +68,18 @@ pub struct Deadline {
 impl Deadline {
     /// A deadline `budget` from `started`, as if the caller had sent no header.
     pub fn starting_at(started: Instant, budget: Duration, source: DeadlineSource) -> Self {
-        let at_epoch_ms = epoch_ms(SystemTime::now()).saturating_add(millis_i64(budget));
+        Self::starting_at_on(started, budget, source, epoch_ms(SystemTime::now()))
+    }
+
+    /// [`Deadline::starting_at`], with the wall clock read as `now_ms` (epoch ms) at
+    /// `started`: the absolute deadline forwarded downstream is on that clock.
+    pub fn starting_at_on(
+        started: Instant,
+        budget: Duration,
+        source: DeadlineSource,
+        now_ms: i64,
+    ) -> Self {
+        let at_epoch_ms = now_ms.saturating_add(millis_i64(budget));
         Self {
             started,
             at: started + budget,
@@ -81,6 +92,12 @@ impl Deadline {
     /// A fresh deadline for background work (`worker.attempt_timeout`), forwarded downstream too.
     pub fn after(budget: Duration) -> Self {
         Self::starting_at(Instant::now(), budget, DeadlineSource::Default)
+    }
+
+    /// [`Deadline::after`] on a wall clock that reads `now_ms` (epoch ms) now: the worker's,
+    /// on the store's clock (docs/design.md §6, One clock).
+    pub fn after_on(budget: Duration, now_ms: i64) -> Self {
+        Self::starting_at_on(Instant::now(), budget, DeadlineSource::Default, now_ms)
     }
 
     /// The budget granted at ingress.

@@ -12,6 +12,7 @@ pub mod breaker;
 pub mod bulkhead;
 mod call;
 mod classify;
+mod connection;
 pub mod hedge;
 mod trace;
 
@@ -26,6 +27,7 @@ pub use classify::{
     CallClass, CallError, EmptyHoldId, HoldId, HoldOutcome, HoldRejection, HoldTerms, Refusal,
     classify_hold, error_reason,
 };
+pub use connection::DownstreamConnectionPolicy;
 pub use hedge::{HedgePolicy, Hedger, Role};
 pub use trace::{
     AttemptKind, AttemptSpan, as_attempt, attempt_refused, cancel_reason, operation_context,
@@ -118,6 +120,8 @@ impl Hedgers {
 pub struct Settings<'a> {
     /// Where each service is.
     pub addrs: &'a DownstreamAddrs,
+    /// How a dead connection is found and given up.
+    pub connection: &'a DownstreamConnectionPolicy,
     /// TLS to `https://` addresses; they are refused without it.
     pub tls: Option<&'a crate::tls::DownstreamTlsConfig>,
     /// Connect timeouts, bulkheads and hedging of each step.
@@ -155,6 +159,7 @@ impl Downstreams {
     pub fn connect_lazy(settings: Settings<'_>) -> Result<Self, AddressError> {
         let (addrs, steps) = (settings.addrs, settings.steps);
         let client_tls = settings.tls.map(|tls| tls.client()).transpose()?;
+        let link = settings.connection;
         let channel = |key: &'static str, addr: &str, connect| -> Result<Channel, AddressError> {
             let uri = downstream_uri(key, addr, client_tls.is_some())?;
             let https = uri.scheme_str() == Some("https");
@@ -165,7 +170,7 @@ impl Downstreams {
             if let (true, Some(tls)) = (https, &client_tls) {
                 endpoint = endpoint.tls_config(tls.clone())?;
             }
-            Ok(endpoint.connect_lazy())
+            Ok(endpoint.connect_with_connector_lazy(connection::tcp_connector(connect, link)))
         };
         let cart = channel("downstream.cart", &addrs.cart, steps.cart.connect)?;
         let fraud = channel("downstream.fraud", &addrs.fraud, steps.fraud.connect)?;

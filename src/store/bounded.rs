@@ -4,9 +4,14 @@
 //! within the limit means nothing was sent: [`StoreError::Unavailable`]. Running out of time
 //! after that — the database cancelled the statement or gave up waiting for a lock, or the
 //! limit passed — is [`StoreError::Timeout`]: a write may or may not have committed, so the
-//! caller reads before assuming either.
+//! caller reads before assuming either. A connection whose call the limit cut short is closed
+//! rather than returned to the pool: a statement's answer may still be on its way, a
+//! transaction may be open, and on a network that drops packets it would hang its next call.
 
 use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::error::DatabaseError;
@@ -46,6 +51,37 @@ pub(super) struct Call {
     /// True for database errors that mean the statement ran out of time (statement timeout,
     /// lock wait timeout, SQLITE_BUSY after the busy timeout).
     is_timeout: fn(&dyn DatabaseError) -> bool,
+    /// Set when the limit cut the call's body short: its connection is then closed.
+    cut_short: Arc<AtomicBool>,
+}
+
+/// The pooled connection of one [`Call`]: back to the pool after the call, unless the call's
+/// limit cut it short (see the module docs).
+pub(super) struct CallConnection<DB: Database> {
+    conn: PoolConnection<DB>,
+    cut_short: Arc<AtomicBool>,
+}
+
+impl<DB: Database> Deref for CallConnection<DB> {
+    type Target = PoolConnection<DB>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.conn
+    }
+}
+
+impl<DB: Database> DerefMut for CallConnection<DB> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.conn
+    }
+}
+
+impl<DB: Database> Drop for CallConnection<DB> {
+    fn drop(&mut self) {
+        if self.cut_short.load(Ordering::Acquire) {
+            self.conn.close_on_drop();
+        }
+    }
 }
 
 impl Call {
@@ -55,6 +91,7 @@ impl Call {
             limit,
             started: Instant::now(),
             is_timeout,
+            cut_short: Arc::default(),
         }
     }
 
@@ -67,9 +104,12 @@ impl Call {
     pub(super) async fn connection<DB: Database>(
         &self,
         pool: &Pool<DB>,
-    ) -> Result<PoolConnection<DB>, StoreError> {
+    ) -> Result<CallConnection<DB>, StoreError> {
         match tokio::time::timeout(self.remaining(), pool.acquire()).await {
-            Ok(Ok(conn)) => Ok(conn),
+            Ok(Ok(conn)) => Ok(CallConnection {
+                conn,
+                cut_short: Arc::clone(&self.cut_short),
+            }),
             Ok(Err(sqlx::Error::PoolTimedOut)) | Err(_) => Err(StoreError::Unavailable(format!(
                 "no database connection within {:?}",
                 self.limit
@@ -93,7 +133,10 @@ impl Call {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(Fail::Sql(e))) => Err(self.classify(e)),
             Ok(Err(Fail::Store(e))) => Err(e),
-            Err(_) => Err(StoreError::Timeout(self.limit)),
+            Err(_) => {
+                self.cut_short.store(true, Ordering::Release);
+                Err(StoreError::Timeout(self.limit))
+            }
         }
     }
 

@@ -40,9 +40,12 @@
 //! and each write stays atomic on its own.
 //!
 //! Every time is an epoch-millisecond value given by the caller (nothing reads a clock inside
-//! SQL), so tests are deterministic.
+//! SQL), so tests are deterministic; callers take it from the store's [`StoreClock`]
+//! (`clock.rs`): on PostgreSQL the database's clock, measured at open and at every probe, so
+//! replicas whose own clocks disagree still agree on every stored time.
 
 mod bounded;
+mod clock;
 mod group;
 mod health;
 mod memory;
@@ -52,7 +55,8 @@ mod schema;
 mod sql;
 mod sqlite;
 
-pub use health::StoreHealth;
+pub use clock::StoreClock;
+pub use health::{SLOW_WRITE, StoreHealth};
 pub use memory::MemoryStore;
 pub use postgres::{Pooler, PostgresStore};
 pub use records::{
@@ -336,6 +340,12 @@ pub trait OrderStore: Send + Sync + 'static {
     /// Closes the store's connections at shutdown (SQLite checkpoints its WAL); calls made
     /// afterwards fail with [`StoreError::Unavailable`]. Does nothing by default.
     async fn close(&self) {}
+
+    /// The clock every time given to this store is read from (see [`StoreClock`]): this
+    /// machine's by default; PostgreSQL's, shared by replicas, for [`PostgresStore`].
+    fn clock(&self) -> StoreClock {
+        StoreClock::local()
+    }
 }
 
 /// `url` with its password (if any) replaced by `***`, for messages and logs.

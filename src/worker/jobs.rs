@@ -12,7 +12,7 @@ use crate::budget::{Budgeter, Step};
 use crate::checkout::{
     Exposure, Held, Reason, Reconciled, Rules, StepCalls, Stop, Tried, Unsettled, Verdict,
 };
-use crate::deadline::{Deadline, now_ms};
+use crate::deadline::Deadline;
 use crate::downstream::{CallClass, CallError, Downstreams};
 use crate::store::{JobKind, Money, OrderRecord, OrderStatus, OrderStore, Phase, TimeLimit};
 
@@ -198,7 +198,7 @@ impl<'a> JobAttempt<'a> {
                 .record_hold_intent(
                     &o.order_id,
                     &total,
-                    now_ms(),
+                    self.store.clock().now_ms(),
                     TimeLimit(self.settings.store_timeout),
                 )
                 .await
@@ -255,7 +255,9 @@ impl<'a> JobAttempt<'a> {
         let budget = self.budget(Step::WalletLookup)?;
         let looked = self.calls(order).lookup(&budget, self.stop).await.outcome;
         let rules = Rules::worker(self.settings.retry_after);
-        match rules.reconcile(order, looked, self.settings.worker.settle_window, now_ms()) {
+        // The store's clock, as the owner's HOLD_SENT time was written on it.
+        let now = self.store.clock().now_ms();
+        match rules.reconcile(order, looked, self.settings.worker.settle_window, now) {
             Reconciled::Done => Ok(Handled::Done(None)),
             Reconciled::Decided(verdict) => Ok(Handled::Done(Some(verdict))),
             Reconciled::Release => {

@@ -37,7 +37,7 @@ pub use retry_budget::{RetryBudget, RetryBudgetPolicy};
 
 use crate::admission::AdaptiveLimiter;
 use crate::budget::Budgeter;
-use crate::deadline::{Deadline, millis, now_ms};
+use crate::deadline::{Deadline, millis};
 use crate::downstream::Downstreams;
 use crate::store::{
     Claimed, Failure, Job, JobKind, JobOutcome, OrderRecord, OrderStatus, OrderStore,
@@ -196,7 +196,9 @@ impl Worker {
                     () = stop.cancelled() => break,
                 }
             }
-            let now = now_ms();
+            // The store's clock: due times, takeover times and leases other replicas wrote are
+            // compared on it (docs/design.md §6, One clock).
+            let now = self.store.clock().now_ms();
             let lease_until = now + millis(self.settings.worker.lease);
             let claimed = match self
                 .store
@@ -275,7 +277,7 @@ impl Worker {
         let budget = self.budget_for(job.kind, Some(&order));
         if job.attempts > 0 && !budget.try_retry() {
             checkout_telemetry::metrics::retry_budget_exhausted();
-            let now = now_ms();
+            let now = self.store.clock().now_ms();
             let outcome = JobOutcome::RetryAt {
                 run_at_ms: now + millis(jobs::BUDGET_WAIT) + i64::from(rand::random::<u16>() % 500),
                 failure: Failure::Wait,
@@ -293,7 +295,7 @@ impl Worker {
             store: self.store.as_ref(),
             settings: &self.settings,
             budgeter: &self.budgeter,
-            deadline: Deadline::after(policy.attempt_timeout),
+            deadline: Deadline::after_on(policy.attempt_timeout, self.store.clock().now_ms()),
             stop,
         };
         let trace = trace::JobTrace::start(
@@ -311,7 +313,7 @@ impl Worker {
             Ok(Handled::Wait { .. }) => trace.end("wait", None),
             Err(error) => trace.end(error.kind(), Some(&error.to_string())),
         }
-        let now = now_ms();
+        let now = self.store.clock().now_ms();
         let outcome = match handled {
             Ok(Handled::Done(verdict)) => {
                 JobOutcome::Done(verdict.map(|v| v.into_decision(&job.order_id, now)))
@@ -386,7 +388,7 @@ impl Worker {
     }
 
     async fn purge(&self) {
-        let before = now_ms() - millis(self.settings.idempotency.retention);
+        let before = self.store.clock().now_ms() - millis(self.settings.idempotency.retention);
         match self.store.purge_terminal(before).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(purged = n, "purged terminal orders past retention"),

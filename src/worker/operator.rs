@@ -11,7 +11,6 @@ use super::RetryBudget;
 use crate::checkout::RetryAfterPolicy;
 use crate::checkout::{CheckoutError, FieldViolation, is_order_id};
 use crate::deadline::millis;
-use crate::deadline::now_ms;
 use crate::proto::checkout::v1::{
     self as pb, operator_service_server::OperatorService, retry_parked_jobs_request::Target,
 };
@@ -162,7 +161,7 @@ impl OperatorService for OperatorApi {
             .store
             .retry_parked(
                 order_id.as_deref(),
-                now_ms(),
+                self.store.clock().now_ms(),
                 millis(self.retry_after.pending),
             )
             .await

@@ -2,7 +2,8 @@
 //! admission that fits the whole path, an answer that leaves on time whatever the flow is
 //! doing, a caller who leaves while the decision is written, a key reused after retention,
 //! parking only after a long outage and re-queuing by an operator, compensations that keep
-//! their own retry budget, the inbound message cap, and a deadline set by a proxy in front.
+//! their own retry budget, the inbound message cap, a deadline set by a proxy in front, and a
+//! caller whose clock is ahead of ours.
 
 use crate::common;
 
@@ -496,5 +497,78 @@ async fn a_header_sent_twice_is_refused_without_echoing_its_value() {
         );
     }
     assert!(h.stats().await.methods.iter().all(|m| m.received == 0));
+    h.stop().await;
+}
+
+/// A caller whose clock is 2 s ahead of ours asks for 1 s with `x-request-deadline` alone: on
+/// our clock that deadline is 3 s away, less the 5 ms `clock_skew_allowance`, so it is granted
+/// the cap, 2.4 s, and the waterfall says so (docs/design.md §3, Clock skew). With its own
+/// `grpc-timeout` of 1 s as well — what every gRPC client sends — the earliest wins and it gets
+/// its 1 s. And when it gives up at its 1 s and cancels its call while the service still works
+/// the order (a wallet taking 1.5 s: the hold cut at its cap, its lookup in flight), the order
+/// is abandoned: DECLINED CALLER_ABANDONED, nothing captured, no hold
+/// left active.
+#[tokio::test]
+async fn a_caller_two_seconds_ahead_is_capped_and_its_cancel_abandons_the_order() {
+    let h = start().await;
+    let ahead = |ms: i64| (now_ms() + 2_000 + ms).to_string();
+    let request = |key: &str, grpc_timeout: Option<Duration>| {
+        let mut request = as_client(order(key, "cart-9"), "test");
+        request
+            .metadata_mut()
+            .insert("x-request-deadline", ahead(1_000).parse().unwrap());
+        if let Some(timeout) = grpc_timeout {
+            request.set_timeout(timeout);
+        }
+        request
+    };
+    let mut client = h.checkout.clone();
+
+    let alone = client
+        .place_order(request("ahead-alone", None))
+        .await
+        .expect("PlaceOrder")
+        .into_inner();
+    let budget = alone.budget.clone().expect("budget");
+    assert_eq!(
+        (budget.deadline_source.as_str(), dur(&budget.deadline)),
+        ("x-request-deadline", Duration::from_millis(2_400)),
+        "read on our clock and capped: {budget:?}"
+    );
+
+    let both = client
+        .place_order(request("ahead-both", Some(SECOND)))
+        .await
+        .expect("PlaceOrder")
+        .into_inner();
+    let budget = both.budget.clone().expect("budget");
+    assert_eq!(
+        (budget.deadline_source.as_str(), dur(&budget.deadline)),
+        ("grpc-timeout", SECOND),
+        "the earliest wins: {budget:?}"
+    );
+
+    // The hold is cut at its 800 ms cap and the lookup that follows at its 300 ms: the answer
+    // would come at about 1.1 s, after the caller's real deadline.
+    h.configure("wallet", "Hold", behavior(1_500, Fault::None))
+        .await;
+    h.configure("wallet", "LookupByReference", behavior(1_500, Fault::None))
+        .await;
+    let gave_up =
+        tokio::time::timeout(SECOND, client.place_order(request("ahead-left", None))).await;
+    assert!(gave_up.is_err(), "still being worked at the caller's 1 s");
+    let id = h.order_id_of("ahead-left", SECOND).await;
+    let left = h
+        .wait_for(&id, 5 * SECOND, |o| o.status() != OrderStatus::Pending)
+        .await;
+    assert_eq!(
+        (left.status(), left.reason.as_str()),
+        (OrderStatus::Declined, "CALLER_ABANDONED"),
+        "{left:?}"
+    );
+    h.worker_settled(10 * SECOND).await;
+    assert_eq!(h.effects_on("Capture", &id).await, 0, "never captured");
+    let wallet = h.stats().await.wallet.expect("wallet stats");
+    assert_eq!(wallet.holds_active, 0, "no hold left active: {wallet:?}");
     h.stop().await;
 }

@@ -1,7 +1,8 @@
 //! Overload and tail tolerance over real gRPC (docs/design.md §10): orders past the admission limit
 //! are refused at once with nothing recorded or sent; a full bulkhead or an open breaker keeps
 //! a call from being sent and declines WALLET_UNAVAILABLE (retryable, no reconcile work); the
-//! duplicate-safe steps hedge, and the losing attempt is cancelled.
+//! duplicate-safe steps hedge, and the losing attempt is cancelled; and orders backing up
+//! behind a store that stopped answering are refused for the store, not as overload.
 
 use crate::common;
 
@@ -284,4 +285,202 @@ fn hedging_a_step_that_moves_money_is_refused_by_config_validation() {
     let mut config = Config::default();
     config.steps.fraud.hedge = false;
     config.validate().expect("fraud may opt out");
+}
+
+/// A store that stops answering while `silent` is set, as behind a network that drops its
+/// packets: `begin` and the probe wait until it speaks again, whatever their limits (the
+/// caller's own timers still bound them). Everything else passes through.
+struct SilentStore {
+    inner: std::sync::Arc<dyn checkout::store::OrderStore>,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SilentStore {
+    async fn hold_while_silent(&self) {
+        while self.silent.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl checkout::store::OrderStore for SilentStore {
+    async fn begin(
+        &self,
+        order: &checkout::store::NewOrder,
+        takeover_at_ms: i64,
+        limit: checkout::store::TimeLimit,
+    ) -> Result<checkout::store::Begin, checkout::store::StoreError> {
+        self.hold_while_silent().await;
+        self.inner.begin(order, takeover_at_ms, limit).await
+    }
+    async fn record_hold_intent(
+        &self,
+        order_id: &str,
+        total: &checkout::store::Money,
+        at_ms: i64,
+        limit: checkout::store::TimeLimit,
+    ) -> Result<(), checkout::store::StoreError> {
+        self.inner
+            .record_hold_intent(order_id, total, at_ms, limit)
+            .await
+    }
+    async fn decide(
+        &self,
+        decision: &checkout::store::Decision,
+        limit: checkout::store::TimeLimit,
+    ) -> Result<checkout::store::OrderRecord, checkout::store::StoreError> {
+        self.inner.decide(decision, limit).await
+    }
+    async fn get(
+        &self,
+        order_id: &str,
+    ) -> Result<Option<checkout::store::OrderRecord>, checkout::store::StoreError> {
+        self.inner.get(order_id).await
+    }
+    async fn find(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<checkout::store::OrderRecord>, checkout::store::StoreError> {
+        self.inner.find(scope, key).await
+    }
+    async fn abandon(
+        &self,
+        order_id: &str,
+        at_ms: i64,
+        retry_after_ms: i64,
+    ) -> Result<bool, checkout::store::StoreError> {
+        self.inner.abandon(order_id, at_ms, retry_after_ms).await
+    }
+    async fn claim_due(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<checkout::store::Claimed>, checkout::store::StoreError> {
+        self.inner
+            .claim_due(owner, now_ms, lease_until_ms, limit)
+            .await
+    }
+    async fn finish_job(
+        &self,
+        job: &checkout::store::Job,
+        outcome: &checkout::store::JobOutcome,
+    ) -> Result<bool, checkout::store::StoreError> {
+        self.inner.finish_job(job, outcome).await
+    }
+    async fn list_parked(
+        &self,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<checkout::store::ParkedJob>, checkout::store::StoreError> {
+        self.inner.list_parked(after_id, limit).await
+    }
+    async fn retry_parked(
+        &self,
+        order_id: Option<&str>,
+        now_ms: i64,
+        retry_after_ms: i64,
+    ) -> Result<u64, checkout::store::StoreError> {
+        self.inner
+            .retry_parked(order_id, now_ms, retry_after_ms)
+            .await
+    }
+    async fn purge_terminal(&self, before_ms: i64) -> Result<u64, checkout::store::StoreError> {
+        self.inner.purge_terminal(before_ms).await
+    }
+    async fn stats(&self) -> Result<checkout::store::JobStats, checkout::store::StoreError> {
+        self.inner.stats().await
+    }
+    async fn count_done_jobs(&self) -> Result<u64, checkout::store::StoreError> {
+        self.inner.count_done_jobs().await
+    }
+    async fn probe(&self, now_ms: i64) -> Result<(), checkout::store::StoreError> {
+        self.hold_while_silent().await;
+        self.inner.probe(now_ms).await
+    }
+    async fn close(&self) {
+        self.inner.close().await;
+    }
+}
+
+/// A store that stops answering is not an overload. With the admission limit at 4 and the
+/// store silent, one order every 20 ms: the first four wait on the store (their answer timer
+/// answers UNAVAILABLE), the next meet the limit. Once a write has stalled for SLOW_WRITE the
+/// store is suspect and its probe runs: from then on every order is refused at once,
+/// UNAVAILABLE with RetryInfo, for the store — never RESOURCE_EXHAUSTED OVERLOADED, and none
+/// waits for the store — until the probe gives up on the store (its limit, the background
+/// timeout) and it is known down. When the store speaks again, orders are CONFIRMED.
+#[tokio::test]
+async fn orders_backing_up_behind_a_silent_store_are_refused_for_the_store_not_as_overload() {
+    let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let h = common::start_with_store(
+        |c| {
+            fixed_admission(c, 4);
+            c.store.background_timeout = SECOND;
+        },
+        {
+            let silent = std::sync::Arc::clone(&silent);
+            move |inner| std::sync::Arc::new(SilentStore { inner, silent })
+        },
+    )
+    .await;
+    silent.store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = Instant::now();
+    let mut placed = Vec::new();
+    for i in 0..100 {
+        let at = started + Duration::from_millis(20 * i);
+        tokio::time::sleep_until(at.into()).await;
+        let mut client = h.checkout.clone();
+        placed.push(tokio::spawn(async move {
+            let request = common::with_timeout(order(&format!("silent-{i}"), "cart-3"), SECOND);
+            let answer = client.place_order(request).await;
+            (at.duration_since(started), answer, at.elapsed())
+        }));
+    }
+    let mut overloaded_late = Vec::new();
+    let mut refused = 0;
+    for answer in placed {
+        let (sent, answer, took) = answer.await.expect("the order's task");
+        let status = answer.expect_err("nothing can be recorded while the store is silent");
+        assert!(took < SECOND, "answered after the deadline: {took:?}");
+        let overloaded = status
+            .get_details_error_info()
+            .is_some_and(|i| i.reason == "OVERLOADED");
+        // A write has stalled SLOW_WRITE after the first order went; allow the timer slack.
+        if sent >= checkout::store::SLOW_WRITE + Duration::from_millis(200) {
+            if overloaded {
+                overloaded_late.push(sent);
+            } else {
+                assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                assert!(status.get_details_retry_info().is_some(), "{status:?}");
+                assert!(
+                    took < SECOND / 2,
+                    "sent at {sent:?}, refused only after {took:?}: it waited for the store"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        overloaded_late.is_empty(),
+        "OVERLOADED after the store stalled, for orders sent at {overloaded_late:?}"
+    );
+    assert!(refused > 50, "{refused} refused for the store");
+    silent.store(false, std::sync::atomic::Ordering::SeqCst);
+    let _ = poll_until(
+        "an order CONFIRMED once the store answers again",
+        10 * SECOND,
+        Duration::from_millis(100),
+        || h.place(order("silent-after", "cart-3"), SECOND),
+        |(answer, _)| {
+            answer
+                .as_ref()
+                .is_ok_and(|o| o.status() == OrderStatus::Confirmed)
+        },
+    )
+    .await;
+    h.stop().await;
 }

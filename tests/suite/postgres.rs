@@ -1,8 +1,10 @@
 //! Orchestrator replicas sharing one real PostgreSQL database, end to end over gRPC on
 //! 127.0.0.1:0 against in-process stubs: one idempotency key makes one order and one hold
 //! across replicas, every follow-up job is worked by exactly one replica, a PENDING order left
-//! by a stopped replica is finished by the other, and a database that cannot be reached is
-//! answered UNAVAILABLE (calling no one) and recovered from without a restart.
+//! by a stopped replica is finished by the other, a database that cannot be reached is
+//! answered UNAVAILABLE (calling no one) and recovered from without a restart, and a replica
+//! whose own clock is off takes no order over before its time (every stored time is on the
+//! database's clock).
 //!
 //! Runs with `--features postgres-tests` against `CHECKOUT_TEST_DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`). Each test creates its own `checkout_e2e_<random>`
@@ -22,7 +24,7 @@ use checkout::proto::checkout::v1::{
 };
 use checkout::proto::stub::v1::{self as stub, Behavior, Fault};
 use checkout::server::Running;
-use checkout::store::OrderStore;
+use checkout::store::{OrderStore, PostgresStore, StoreClock};
 use common::pg::TestDatabase;
 use common::{
     Control, as_client, behavior, by_id, dur, order, poll_until, start_stubs, test_config,
@@ -65,6 +67,17 @@ impl Replica {
         database: &TestDatabase,
         adjust: impl FnOnce(&mut Config),
     ) -> Self {
+        Self::start_with_clock(stubs, database, adjust, None).await
+    }
+
+    /// [`Replica::start`], its store measuring `clock` instead of a clock of its own when
+    /// given (a replica whose own clock is off: [`StoreClock::with_local_skew`]).
+    async fn start_with_clock(
+        stubs: &checkout_testkit::Stubs,
+        database: &TestDatabase,
+        adjust: impl FnOnce(&mut Config),
+        clock: Option<StoreClock>,
+    ) -> Self {
         let mut config = test_config(&stubs.uri(), &std::env::temp_dir());
         config.store.database_url = Some(database.url());
         config.store.pooler = crate::common::pg::pooler();
@@ -72,9 +85,26 @@ impl Replica {
         adjust(&mut config);
         config.validate().unwrap();
         let config = Arc::new(config);
-        let store = checkout::store::open(&config.store)
-            .await
-            .expect("open the shared PostgreSQL store");
+        let store: Arc<dyn OrderStore> = match clock {
+            None => checkout::store::open(&config.store)
+                .await
+                .expect("open the shared PostgreSQL store"),
+            Some(clock) => {
+                let s = &config.store;
+                Arc::new(
+                    PostgresStore::open_with_clock(
+                        &database.url(),
+                        s.max_connections,
+                        s.statement_guard,
+                        s.background_timeout,
+                        s.pooler,
+                        clock,
+                    )
+                    .await
+                    .expect("open the shared PostgreSQL store"),
+                )
+            }
+        };
         let server = Running::start(
             TcpListener::bind("127.0.0.1:0").await.unwrap(),
             config,
@@ -616,5 +646,102 @@ async fn a_database_that_stops_taking_writes_turns_health_not_serving() {
             || refused.to_string().to_lowercase().contains("tls"),
         "{refused}"
     );
+    stubs.stop().await;
+}
+
+/// Places `count` orders at once through `replica`, each with a 1 s deadline; returns their
+/// ids once all are answered CONFIRMED.
+async fn confirmed_orders(replica: &Replica, prefix: &str, count: usize) -> Vec<String> {
+    let placed = futures::future::join_all(
+        (0..count).map(|i| replica.place(order(&format!("{prefix}-{i}"), "cart-700"), SECOND)),
+    )
+    .await;
+    placed
+        .into_iter()
+        .map(|(answer, took)| {
+            let order = answer.expect("PlaceOrder answers with an Order");
+            assert_eq!(order.status(), OrderStatus::Confirmed, "{order:?}");
+            assert!(took < SECOND, "answered after its deadline: {took:?}");
+            order.order_id
+        })
+        .collect()
+}
+
+/// A replica whose own clock is 3 s ahead takes no order over before its takeover time and
+/// runs no job before it is due: it measured the database's clock when its store opened (its
+/// offset reads about -3 s), and every time the replicas compare is on that clock. The
+/// wallet's Hold takes 600 ms, so each order is still being worked when a replica 3 s ahead
+/// on its own clock would take it over (its takeover time, the 1 s deadline plus the 2 s
+/// grace, is reached at once by that clock): each order is held once, and captured after its
+/// deadline. The same replica on an unmeasured clock — how every replica read time before —
+/// takes the orders over while their owner works them, sending their holds again: the test
+/// would see a clock the worker does not consult.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_whose_clock_is_ahead_takes_no_order_over_before_its_time() {
+    let database = TestDatabase::create("checkout_e2e").await;
+    let stubs = Stubs::start().await;
+    stubs
+        .configure("wallet", "Hold", behavior(600, Fault::None))
+        .await;
+    // A 600 ms hold is a slow call to the breaker (250 ms): it would open after ten.
+    let patient = |c: &mut Config| c.breaker.slow_call_threshold = 2 * SECOND;
+    let owner = Replica::start(&stubs.server, &database, patient).await;
+    const AHEAD_MS: i64 = 3_000;
+    let ahead = Replica::start_with_clock(
+        &stubs.server,
+        &database,
+        patient,
+        Some(StoreClock::measured().with_local_skew(AHEAD_MS)),
+    )
+    .await;
+    let offset = ahead.store.clock().offset_ms();
+    assert!(
+        (offset + AHEAD_MS).abs() < 500,
+        "the measured offset cancels the skew: {offset} ms"
+    );
+
+    const ORDERS: usize = 10;
+    let started_ms = common::now_ms();
+    let ids = confirmed_orders(&owner, "ahead", ORDERS).await;
+    stubs.ok_reaches("wallet", "Capture", ORDERS as u64).await;
+    let holds = stubs.method("wallet", "Hold").await;
+    assert_eq!(
+        holds.received, ORDERS as u64,
+        "one Hold per order: none was taken over while its owner worked it"
+    );
+    let deadline_ms = started_ms + 1_000;
+    for effect in stubs.control.effects("wallet").await {
+        if effect.method == "Capture" && ids.contains(&effect.reference) {
+            let at = effect.applied_at.expect("a capture's time");
+            let at_ms = at.seconds * 1_000 + i64::from(at.nanos / 1_000_000);
+            assert!(
+                at_ms >= deadline_ms,
+                "{} captured {} ms before its caller's deadline",
+                effect.reference,
+                deadline_ms - at_ms
+            );
+        }
+    }
+    ahead.stop().await;
+
+    let unmeasured = Replica::start_with_clock(
+        &stubs.server,
+        &database,
+        patient,
+        Some(StoreClock::local().with_local_skew(AHEAD_MS)),
+    )
+    .await;
+    confirmed_orders(&owner, "unmeasured", ORDERS).await;
+    // At least one hold re-sent by a replica 3 s ahead on its own clock, while in flight.
+    poll_until(
+        "a Hold re-sent by the replica that is 3 s ahead on an unmeasured clock",
+        EVENTUALLY,
+        Duration::from_millis(50),
+        || stubs.method("wallet", "Hold"),
+        |m| m.received > 2 * ORDERS as u64,
+    )
+    .await;
+    unmeasured.stop().await;
+    owner.stop().await;
     stubs.stop().await;
 }

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
+use tonic_types::StatusExt;
 
 use checkout_proto::checkout::v1::{self as pb, checkout_service_client::CheckoutServiceClient};
 
@@ -55,11 +56,12 @@ impl Shot {
         self.answered.saturating_duration_since(self.sent) > self.deadline
     }
 
-    /// `CONFIRMED`, `PENDING BUDGET_EXHAUSTED`, `error ResourceExhausted`, `error loader gave up`.
+    /// `CONFIRMED`, `PENDING BUDGET_EXHAUSTED`, `error Unavailable with RetryInfo`, `error
+    /// ResourceExhausted OVERLOADED with RetryInfo`, `error loader gave up` (see [`error_of`]).
     pub fn outcome(&self) -> String {
         match &self.answer {
             Answer::Order(order) => outcome_of(order),
-            Answer::Error(status) => format!("error {:?}", status.code()),
+            Answer::Error(status) => error_of(status),
             Answer::GaveUp => "error loader gave up".to_owned(),
         }
     }
@@ -85,6 +87,24 @@ pub fn outcome_of(order: &pb::Order) -> String {
     } else {
         format!("{status} {}", order.reason)
     }
+}
+
+/// `error <gRPC code>`, then the `ErrorInfo` reason if the status carries one, then `with
+/// RetryInfo` if it carries that: the service's own refusals (`error Unavailable with
+/// RetryInfo` while its store is down, `error ResourceExhausted OVERLOADED with RetryInfo`)
+/// are told apart from a transport failure (`error Unavailable`: a connection refused or
+/// reset, which no server answered).
+pub fn error_of(status: &tonic::Status) -> String {
+    let details = status.get_error_details();
+    let mut text = format!("error {:?}", status.code());
+    if let Some(info) = details.error_info() {
+        text.push(' ');
+        text.push_str(&info.reason);
+    }
+    if details.retry_info().is_some() {
+        text.push_str(" with RetryInfo");
+    }
+    text
 }
 
 /// Order `n` of load run `run_id`: a fresh key, customers, carts and accounts spread over a
@@ -253,5 +273,29 @@ mod tests {
         // At most 10 calls of 10 ms per caller fit in 100 ms; a loaded machine may fit fewer.
         let calls = count.load(Ordering::Relaxed);
         assert!((4..=44).contains(&calls), "{calls} calls");
+    }
+
+    /// A refusal names its reason and whether it says when to retry; a bare transport error
+    /// is its code alone.
+    #[test]
+    fn an_error_outcome_names_its_reason_and_retry_info() {
+        use tonic_types::{ErrorDetails, StatusExt as _};
+        let second = Some(Duration::from_secs(1));
+        let down = tonic::Status::with_error_details(
+            tonic::Code::Unavailable,
+            "store down",
+            ErrorDetails::with_retry_info(second),
+        );
+        assert_eq!(error_of(&down), "error Unavailable with RetryInfo");
+        let mut details = ErrorDetails::with_retry_info(second);
+        details.set_error_info("OVERLOADED", "checkout.v1", []);
+        let shed =
+            tonic::Status::with_error_details(tonic::Code::ResourceExhausted, "shed", details);
+        assert_eq!(
+            error_of(&shed),
+            "error ResourceExhausted OVERLOADED with RetryInfo"
+        );
+        let reset = tonic::Status::unavailable("connection reset");
+        assert_eq!(error_of(&reset), "error Unavailable");
     }
 }

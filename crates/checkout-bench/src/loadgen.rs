@@ -24,7 +24,7 @@ mod ledger;
 mod report;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
@@ -35,6 +35,7 @@ use self::report::{Measured, ProcUse, Tally};
 use crate::load::{self, GIVE_UP_AFTER_DEADLINE};
 use crate::procfs::{self, ProcSample};
 use checkout::config::Config;
+use checkout::deadline::epoch_ms;
 use checkout::store::{MemoryStore, OrderStore};
 use checkout_proto::checkout::v1::{
     self as pb, checkout_service_client::CheckoutServiceClient,
@@ -62,30 +63,35 @@ enum StoreKind {
     Postgres,
 }
 
-/// A running orchestrator to drive: `--target [NAME=]URI`.
+/// A running orchestrator to drive: `--target [NAME=]URI[,URI...]`. Several URIs are replicas
+/// of one service (sharing one store): the lane's orders go to each in turn.
 #[derive(Debug, Clone)]
 struct Target {
     name: String,
-    uri: String,
+    uris: Vec<String>,
 }
 
-/// `[NAME=]URI`, the URI as `host:port` or `http://host:port`.
+/// `[NAME=]URI[,URI...]`, each URI as `host:port` or `http://host:port`.
 fn parse_target(s: &str) -> Result<Target, String> {
-    let (name, address) = match s.split_once('=') {
-        Some((name, address)) if !name.is_empty() && !name.contains([':', '/']) => {
-            (name.to_owned(), address)
+    let (name, addresses) = match s.split_once('=') {
+        Some((name, addresses)) if !name.is_empty() && !name.contains([':', '/']) => {
+            (name.to_owned(), addresses)
         }
         _ => (s.trim_start_matches("http://").to_owned(), s),
     };
-    if address.is_empty() {
-        return Err("expected [NAME=]URI".to_owned());
-    }
-    let uri = if address.contains("://") {
-        address.to_owned()
-    } else {
-        format!("http://{address}")
-    };
-    Ok(Target { name, uri })
+    let uris = addresses
+        .split(',')
+        .map(|address| {
+            if address.is_empty() {
+                Err("expected [NAME=]URI[,URI...]".to_owned())
+            } else if address.contains("://") {
+                Ok(address.to_owned())
+            } else {
+                Ok(format!("http://{address}"))
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Target { name, uris })
 }
 
 /// A plain URI: `host:port` or `http://host:port`.
@@ -94,7 +100,8 @@ fn parse_uri(s: &str) -> Result<String, String> {
         Target { name, .. } if name != s.trim_start_matches("http://") => {
             Err("expected a URI, not NAME=URI".to_owned())
         }
-        Target { uri, .. } => Ok(uri),
+        Target { mut uris, .. } if uris.len() == 1 => Ok(uris.remove(0)),
+        _ => Err("expected one URI".to_owned()),
     }
 }
 
@@ -217,8 +224,10 @@ fn open_phases(
 #[derive(Debug, Args)]
 pub struct LoadgenArgs {
     /// A running orchestrator, `[NAME=]URI` (`host:port` or `http://host:port`); repeatable,
-    /// each one a lane. Without it, stubs and an orchestrator run in-process per `--store`.
-    #[arg(long = "target", value_name = "[NAME=]URI", value_parser = parse_target)]
+    /// each one a lane. `NAME=URI,URI,...` names replicas of one service (one store): the
+    /// lane's orders go to each in turn. Without it, stubs and an orchestrator run in-process
+    /// per `--store`.
+    #[arg(long = "target", value_name = "[NAME=]URI[,URI...]", value_parser = parse_target)]
     targets: Vec<Target>,
     /// Stores to compare (in-process only), in order.
     #[arg(
@@ -321,7 +330,8 @@ impl LoadgenArgs {
 /// Where a lane's orders go.
 #[derive(Debug, Clone)]
 enum LaneKind {
-    Target(String),
+    /// The replicas' URIs.
+    Target(Vec<String>),
     InProcess(StoreKind),
 }
 
@@ -363,7 +373,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
             .iter()
             .map(|t| Lane {
                 name: t.name.clone(),
-                kind: LaneKind::Target(t.uri.clone()),
+                kind: LaneKind::Target(t.uris.clone()),
             })
             .collect()
     };
@@ -410,6 +420,8 @@ async fn audit_ledger(args: &LoadgenArgs, stubs: &str, runs: &[Run]) -> anyhow::
         .with_context(|| format!("auditing the orders against the stubs' ledger at {stubs}"))?;
     if !args.json {
         println!("\nledger: {}", audit.summary());
+        let late = runs.iter().map(|r| r.measured.tally.late).sum();
+        println!("{}", audit.figures(late));
     }
     if audit.problems.is_empty() {
         Ok(())
@@ -431,7 +443,7 @@ async fn run_lane(
         what: Measure::Pid(std::process::id()),
     };
     match &lane.kind {
-        LaneKind::Target(uri) => {
+        LaneKind::Target(uris) => {
             // The lane's server first, then the shared processes, then the loader.
             let mut probes: Vec<(Probe, bool)> = args
                 .pids
@@ -446,7 +458,9 @@ async fn run_lane(
                     .map(|p| (p.clone(), false)),
             );
             probes.push((me, false));
-            let (measured, sent) = drive(args, uri, lane, mode, round, probes).await?;
+            let (measured, sent) = drive(args, uris, lane, mode, round, probes).await?;
+            // The replicas share one store: any of them tells its backlog.
+            let uri = &uris[0];
             let backlog = backlog(uri).await;
             if backlog.is_some_and(|n| n > 0) {
                 drain(uri, args.drain).await;
@@ -464,7 +478,8 @@ async fn run_lane(
             let checkout = start_in_process(args, *kind).await?;
             let uri = checkout.uri();
             // In-process, the loader's own CPU is the whole system's.
-            let measured = drive(args, &uri, lane, mode, round, vec![(me, true)]).await;
+            let uris = [uri.clone()];
+            let measured = drive(args, &uris, lane, mode, round, vec![(me, true)]).await;
             let backlog = backlog(&uri).await;
             checkout.try_stop().await?;
             let (measured, sent) = measured?;
@@ -572,27 +587,36 @@ fn usage(
         .collect()
 }
 
-/// Drives one run against `uri` and measures it.
+/// What a run has sent so far: when each order went (epoch ms) and the order id it was
+/// answered with, if an Order came back; an order's number is its index in both.
+#[derive(Default)]
+struct SentSoFar {
+    at_ms: Vec<i64>,
+    answered: Vec<Option<String>>,
+}
+
+/// Drives one run against `uris` (each order to the next of them) and measures it.
 async fn drive(
     args: &LoadgenArgs,
-    uri: &str,
+    uris: &[String],
     lane: &Lane,
     mode: Mode,
     round: u32,
     probes: Vec<(Probe, bool)>,
 ) -> anyhow::Result<(Measured, ledger::Sent)> {
-    let endpoint = Endpoint::from_shared(uri.to_owned())
-        .with_context(|| format!("invalid target {uri:?}"))?
-        .tcp_nodelay(true);
-    let mut clients = Vec::with_capacity(usize::from(args.connections));
+    let mut clients = Vec::with_capacity(usize::from(args.connections) * uris.len());
     for _ in 0..args.connections {
-        let channel = endpoint
-            .connect()
-            .await
-            .with_context(|| format!("connecting to {uri}"))?;
-        clients.push(CheckoutServiceClient::new(channel));
+        for uri in uris {
+            let channel = Endpoint::from_shared(uri.clone())
+                .with_context(|| format!("invalid target {uri:?}"))?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .with_context(|| format!("connecting to {uri}"))?;
+            clients.push(CheckoutServiceClient::new(channel));
+        }
     }
-    // Each order takes the next connection in turn.
+    // Each order takes the next connection in turn (so the next replica too).
     let clients = Arc::new(clients);
     let turn = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let next_client = move || {
@@ -611,7 +635,7 @@ async fn drive(
     ));
     let deadline = args.deadline();
     let all_answered = CancellationToken::new();
-    let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sent: Arc<Mutex<SentSoFar>> = Arc::default();
 
     // Reads the processes at every window bound; with `--window`, prints each window once its
     // orders are all answered (or given up on).
@@ -661,13 +685,26 @@ async fn drive(
 
     let one = {
         let (windows, tallies) = (Arc::clone(&windows), Arc::clone(&tallies));
-        let (seq, run_id) = (Arc::clone(&seq), run_id.clone());
+        let (sent, run_id) = (Arc::clone(&sent), run_id.clone());
         move |client: CheckoutServiceClient<Channel>, scheduled: Instant| {
-            let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let request = tonic::Request::new(load::order(&run_id, n));
-            let (windows, tallies) = (Arc::clone(&windows), Arc::clone(&tallies));
+            let n = {
+                let mut sent = sent.lock().unwrap_or_else(|p| p.into_inner());
+                sent.at_ms.push(epoch_ms(SystemTime::now()));
+                sent.answered.push(None);
+                sent.at_ms.len() - 1
+            };
+            let request = tonic::Request::new(load::order(&run_id, n as u64));
+            let (windows, tallies, sent) = (
+                Arc::clone(&windows),
+                Arc::clone(&tallies),
+                Arc::clone(&sent),
+            );
             async move {
                 let shot = load::place(client, request, deadline, scheduled).await;
+                if let Some(order) = shot.order() {
+                    let mut sent = sent.lock().unwrap_or_else(|p| p.into_inner());
+                    sent.answered[n] = Some(order.order_id.clone());
+                }
                 let Some(window) = windows.of(scheduled) else {
                     return;
                 };
@@ -719,6 +756,10 @@ async fn drive(
         (Some(a), Some(b)) => usage(&probes, a, b),
         _ => Vec::new(),
     };
+    let SentSoFar {
+        at_ms: sent_at_ms,
+        answered,
+    } = std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner()));
     Ok((
         Measured {
             tally: total,
@@ -726,9 +767,11 @@ async fn drive(
             procs,
         },
         ledger::Sent {
-            uri: uri.to_owned(),
+            uris: uris.to_vec(),
             run_id,
-            count: seq.load(std::sync::atomic::Ordering::Relaxed),
+            sent_at_ms,
+            answered,
+            deadline_ms: i64::try_from(args.deadline_ms).unwrap_or(i64::MAX),
         },
     ))
 }
@@ -1052,23 +1095,34 @@ mod tests {
     }
 
     #[test]
-    fn targets_take_an_optional_name_and_a_plain_or_http_address() {
+    fn targets_take_an_optional_name_and_plain_or_http_addresses() {
         let t = parse_target("bare=127.0.0.1:5000").unwrap();
         assert_eq!(
-            (t.name.as_str(), t.uri.as_str()),
-            ("bare", "http://127.0.0.1:5000")
+            (t.name.as_str(), t.uris.as_slice()),
+            ("bare", ["http://127.0.0.1:5000".to_owned()].as_slice())
         );
         let t = parse_target("serve=http://127.0.0.1:5001").unwrap();
         assert_eq!(
-            (t.name.as_str(), t.uri.as_str()),
-            ("serve", "http://127.0.0.1:5001")
+            (t.name.as_str(), t.uris.as_slice()),
+            ("serve", ["http://127.0.0.1:5001".to_owned()].as_slice())
         );
         let t = parse_target("http://127.0.0.1:5002").unwrap();
         assert_eq!(
-            (t.name.as_str(), t.uri.as_str()),
-            ("127.0.0.1:5002", "http://127.0.0.1:5002")
+            (t.name.as_str(), t.uris.as_slice()),
+            (
+                "127.0.0.1:5002",
+                ["http://127.0.0.1:5002".to_owned()].as_slice()
+            )
         );
         assert!(parse_target("x=").is_err());
+        let t = parse_target("pair=127.0.0.1:5003,http://127.0.0.1:5004").unwrap();
+        assert_eq!(
+            t.uris,
+            ["http://127.0.0.1:5003", "http://127.0.0.1:5004"],
+            "replicas of one lane"
+        );
+        assert!(parse_target("pair=127.0.0.1:5003,").is_err());
+        assert!(parse_uri("127.0.0.1:5003,127.0.0.1:5004").is_err());
     }
 
     #[test]
@@ -1109,7 +1163,7 @@ mod tests {
         };
         let lane = |name: &str| Lane {
             name: name.into(),
-            kind: LaneKind::Target(String::new()),
+            kind: LaneKind::Target(Vec::new()),
         };
         let lanes = [lane("bare"), lane("serve")];
         let merged = vec![

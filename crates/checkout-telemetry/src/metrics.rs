@@ -115,6 +115,7 @@ struct Metrics {
     worker_oldest_due: Gauge<f64, AtomicU64>,
     retry_budget_exhausted: Counter,
     store_write: Histograms<KindLabel>,
+    store_clock_offset: Gauge<f64, AtomicU64>,
     spans_dropped: Counter,
     breaker_state: Family<BreakerLabels, Gauge>,
     metric_pushes_failed: Counter,
@@ -143,6 +144,7 @@ impl Metrics {
             worker_oldest_due: Gauge::default(),
             retry_budget_exhausted: Counter::default(),
             store_write: histograms(),
+            store_clock_offset: Gauge::default(),
             spans_dropped: Counter::default(),
             breaker_state: Family::default(),
             metric_pushes_failed: Counter::default(),
@@ -207,6 +209,11 @@ impl Metrics {
             "checkout_worker_oldest_due_seconds",
             "How long the most overdue pending job has been due (0 when none is), as of the last scrape",
             m.worker_oldest_due.clone(),
+        );
+        registry.register(
+            "checkout_store_clock_offset_seconds",
+            "The store's clock minus this machine's, as of the store's last probe (PostgreSQL; 0 for a store of one process): every time the service stores, forwards or reads is on the store's clock",
+            m.store_clock_offset.clone(),
         );
         registry.register(
             "checkout_retry_budget_exhausted",
@@ -421,6 +428,11 @@ pub fn store_write(kind: &'static str, took: Duration) {
         .observe(took.as_secs_f64());
 }
 
+/// The store's clock minus this machine's, measured at the store's probe.
+pub fn store_clock_offset(seconds: f64) {
+    METRICS.store_clock_offset.set(seconds);
+}
+
 /// `n` finished spans were not exported: the queue was full, or their export failed.
 pub fn spans_dropped(n: u64) {
     METRICS.spans_dropped.inc_by(n);
@@ -505,6 +517,7 @@ mod tests {
         worker_jobs(1, 0, Duration::ZERO);
         retry_budget_exhausted();
         store_write("begin", Duration::from_millis(1));
+        store_clock_offset(-0.25);
         spans_dropped(1);
         stall_watch_lag("thread", Duration::from_micros(80));
         let text = encode();
@@ -520,6 +533,7 @@ mod tests {
             "checkout_cancelled_calls_total{step=\"inventory\",reason=\"sibling_decided\"} ",
             "checkout_worker_jobs{state=\"pending\"} 1",
             "checkout_worker_oldest_due_seconds ",
+            "checkout_store_clock_offset_seconds -0.25",
             "checkout_retry_budget_exhausted_total ",
             "checkout_store_write_duration_seconds_bucket{",
             "checkout_telemetry_spans_dropped_total ",

@@ -38,7 +38,7 @@ use sqlx::{AssertSqlSafe, Connection, Postgres, Row, Transaction};
 use super::bounded::{Call, Fail, migrate_error, open_error};
 use super::{
     Begin, Claimed, Decision, Job, JobKind, JobOutcome, JobStats, Money, NewOrder, OrderRecord,
-    OrderStore, ParkedJob, StoreError, TimeLimit, schema, sql,
+    OrderStore, ParkedJob, StoreClock, StoreError, TimeLimit, schema, sql,
 };
 use writer::Writer;
 
@@ -163,6 +163,14 @@ impl Sql {
 
     /// `sql` as a query of one count.
     fn count(self, sql: &'static str) -> QueryScalar<'static, Postgres, i64, PgArguments> {
+        self.scalar(sql)
+    }
+
+    /// `sql` as a query of one number.
+    pub(super) fn scalar(
+        self,
+        sql: &'static str,
+    ) -> QueryScalar<'static, Postgres, i64, PgArguments> {
         sqlx::query_scalar(sql).persistent(self.named)
     }
 }
@@ -186,6 +194,8 @@ pub struct PostgresStore {
     sql: Sql,
     /// The write probe, on a connection of its own.
     probe: probe::Probe,
+    /// The database's clock, measured at open and by every probe.
+    clock: StoreClock,
 }
 
 /// Statement timeout (57014, also a cancel), lock not available (55P03), idle-in-transaction
@@ -298,6 +308,27 @@ async fn migrate(options: &PgConnectOptions, limit: Duration) -> Result<(), Stor
     applied
 }
 
+/// Reads the database's clock once for `clock`, in a transaction bounded by `limit`.
+async fn measure_clock(
+    pool: &PgPool,
+    sql: Sql,
+    limit: Duration,
+    clock: &StoreClock,
+) -> Result<(), StoreError> {
+    let read = async {
+        let mut conn = pool.acquire().await?;
+        let mut tx = begin_bounded(&mut conn, limit, Duration::ZERO).await?;
+        probe::read_clock(&mut tx, sql, clock).await?;
+        tx.commit().await
+    };
+    match tokio::time::timeout(limit, read).await {
+        Ok(read) => read.map_err(open_error),
+        Err(_) => Err(StoreError::Unavailable(
+            "the database's clock could not be read in time".to_owned(),
+        )),
+    }
+}
+
 impl PostgresStore {
     /// Connects to `url` (`postgres://…`) and applies the schema (under an advisory lock, so
     /// replicas may start together).
@@ -305,13 +336,35 @@ impl PostgresStore {
     /// `max_connections` sizes the pool; `statement_guard` is kept back from each call's
     /// remaining time for its `statement_timeout`; `background_timeout` bounds calls made
     /// outside a request, connecting and applying the schema included; `pooler` says what
-    /// stands between the store and the server.
+    /// stands between the store and the server. The store's clock is the database's, read
+    /// once here and then at every probe (see [`StoreClock`]).
     pub async fn open(
         url: &str,
         max_connections: u32,
         statement_guard: Duration,
         background_timeout: Duration,
         pooler: Pooler,
+    ) -> Result<Self, StoreError> {
+        Self::open_with_clock(
+            url,
+            max_connections,
+            statement_guard,
+            background_timeout,
+            pooler,
+            StoreClock::measured(),
+        )
+        .await
+    }
+
+    /// [`PostgresStore::open`] with `clock` as the clock to measure: for tests that play a
+    /// replica whose own clock is off ([`StoreClock::with_local_skew`]).
+    pub async fn open_with_clock(
+        url: &str,
+        max_connections: u32,
+        statement_guard: Duration,
+        background_timeout: Duration,
+        pooler: Pooler,
+        clock: StoreClock,
     ) -> Result<Self, StoreError> {
         let options = connect_options(url)?;
         migrate(&options, background_timeout).await?;
@@ -331,14 +384,26 @@ impl PostgresStore {
             .await
             .map_err(open_error)?;
         let sql = Sql::for_pooler(pooler);
-        tracing::info!(max_connections, ?pooler, "postgres store open");
+        measure_clock(&pool, sql, background_timeout, &clock).await?;
+        tracing::info!(
+            max_connections,
+            ?pooler,
+            clock_offset_ms = clock.offset_ms(),
+            "postgres store open"
+        );
         Ok(Self {
             writer: Writer::start(pool.clone(), statement_guard, is_timeout, sql),
-            probe: probe::Probe::new(pool.connect_options(), sql, background_timeout),
+            probe: probe::Probe::new(
+                pool.connect_options(),
+                sql,
+                background_timeout,
+                clock.clone(),
+            ),
             pool,
             background: background_timeout,
             guard: statement_guard,
             sql,
+            clock,
         })
     }
 
@@ -601,6 +666,10 @@ impl OrderStore for PostgresStore {
 
     async fn probe(&self, now_ms: i64) -> Result<(), StoreError> {
         self.probe.run(now_ms).await
+    }
+
+    fn clock(&self) -> StoreClock {
+        self.clock.clone()
     }
 
     async fn stats(&self) -> Result<JobStats, StoreError> {

@@ -5,6 +5,9 @@
 //!
 //! The connection is kept between probes; one that fails is dropped and the probe tries once
 //! more on a fresh one (a connection the server closed while idle is no outage).
+//!
+//! Each probe also reads the database's clock, in the write's transaction, and hands the
+//! reading to the store's [`StoreClock`] (docs/design.md §6, One clock).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +17,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio::sync::Mutex;
 
 use super::super::bounded::classify;
-use super::super::{StoreError, sql};
+use super::super::{StoreClock, StoreError, sql};
 use super::{Sql, begin_bounded, is_timeout};
 
 /// How long connecting (TCP, TLS, startup) may take.
@@ -41,17 +44,25 @@ pub(super) struct Probe {
     /// The kept connection; `None` between a failure and the next connect. `Err(())` once
     /// closed: probes after [`Probe::close`] fail without connecting.
     conn: Mutex<Result<Option<PgConnection>, ()>>,
+    /// The store's clock, told the database's time at every probe.
+    clock: StoreClock,
 }
 
 impl Probe {
     /// A probe connecting with `options` (the pool's), sending its write as `sql` says,
     /// within `background` (the store's limit on calls nobody waits on) or [`WRITE_TIMEOUT`].
-    pub(super) fn new(options: Arc<PgConnectOptions>, sql: Sql, background: Duration) -> Self {
+    pub(super) fn new(
+        options: Arc<PgConnectOptions>,
+        sql: Sql,
+        background: Duration,
+        clock: StoreClock,
+    ) -> Self {
         Self {
             options,
             sql,
             limit: background.min(WRITE_TIMEOUT),
             conn: Mutex::new(Ok(None)),
+            clock,
         }
     }
 
@@ -62,7 +73,7 @@ impl Probe {
             return Err(StoreError::Unavailable("the store is closed".to_owned()));
         };
         if let Some(conn) = kept.as_mut() {
-            match write(conn, self.sql, self.limit, now_ms).await {
+            match write(conn, self.sql, self.limit, now_ms, &self.clock).await {
                 Ok(()) => return Ok(()),
                 // The server answered, too slowly: a second connection would only wait as
                 // long again. The connection is dropped all the same (its state is unknown).
@@ -75,7 +86,7 @@ impl Probe {
             }
         }
         let mut conn = connect(&self.options).await?;
-        write(&mut conn, self.sql, self.limit, now_ms).await?;
+        write(&mut conn, self.sql, self.limit, now_ms, &self.clock).await?;
         *kept = Some(conn);
         Ok(())
     }
@@ -104,15 +115,18 @@ async fn connect(options: &PgConnectOptions) -> Result<PgConnection, StoreError>
     }
 }
 
+/// The probe's write, and a reading of the database's clock for `clock`, in one transaction.
 async fn write(
     conn: &mut PgConnection,
     how: Sql,
     limit: Duration,
     now_ms: i64,
+    clock: &StoreClock,
 ) -> Result<(), StoreError> {
     let bounded = async {
         let mut tx = begin_bounded(conn, limit, Duration::ZERO).await?;
         how.query(sql::PROBE).bind(now_ms).execute(&mut *tx).await?;
+        read_clock(&mut tx, how, clock).await?;
         tx.commit().await
     };
     match tokio::time::timeout(limit + ANSWER_MARGIN, bounded).await {
@@ -120,4 +134,21 @@ async fn write(
         Ok(Err(e)) => Err(classify(e, limit, is_timeout)),
         Err(_) => Err(StoreError::Timeout(limit)),
     }
+}
+
+/// The database's clock, epoch milliseconds: `clock_timestamp()` is the time the statement
+/// reads it (`now()` would be its transaction's start).
+const CLOCK: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8";
+
+/// Reads the database's clock on `conn` and tells `clock`, with the round trip it took.
+pub(super) async fn read_clock(
+    conn: &mut PgConnection,
+    how: Sql,
+    clock: &StoreClock,
+) -> Result<(), sqlx::Error> {
+    let sent = std::time::Instant::now();
+    let store_ms: i64 = how.scalar(CLOCK).fetch_one(&mut *conn).await?;
+    let round_trip = sent.elapsed();
+    clock.observe(store_ms, round_trip, clock.local_now_ms());
+    Ok(())
 }

@@ -13,6 +13,11 @@
 //! back and run again one write at a time: the first write that fails then gets its error,
 //! and the others run again in a new transaction. Failures are rare (a lock wait cut off, a
 //! deadlock), and each retry has one write fewer, so this ends.
+//!
+//! A lane never waits on the server longer than its group's statement timeout and a margin:
+//! on a network that drops packets the server's timeout cannot fire, and a lane waiting for it
+//! would hold every later write for as long as TCP keeps retransmitting — well past the
+//! partition's end. Then its connection is closed, not returned to the pool.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -213,6 +218,19 @@ async fn lane(lanes: Arc<Lanes>) {
     }
 }
 
+/// How much longer than the server's statement timeout a lane waits for the server's answer
+/// before it gives the connection up: a network that drops packets answers nothing at all, and
+/// the server's timeout cannot say so.
+const ANSWER_MARGIN: Duration = Duration::from_millis(500);
+
+/// What one attempt at a group left to do.
+enum Attempt {
+    /// Every write of the group was answered.
+    Done,
+    /// Some writes are left, to run again (one at a time when `together` is false).
+    Again { together: bool },
+}
+
 /// Runs one group of taken writes in one transaction and answers every caller: all together
 /// first; after a failure, one at a time, without each write that fails.
 async fn commit_group(lanes: &Lanes, mut group: Vec<Pending>) {
@@ -258,69 +276,93 @@ async fn commit_group(lanes: &Lanes, mut group: Vec<Pending>) {
         let Some(remaining) = group.iter().map(|w| w.ticket.deadline() - now).min() else {
             return;
         };
-        let mut tx = match begin_bounded(&mut conn, remaining, lanes.guard).await {
-            Ok(tx) => tx,
-            Err(e) => {
-                let error = classify(e, tightest, lanes.is_timeout);
+        // The server cancels the transaction's statements once `remaining` less the guard has
+        // passed. Past that and a margin the lane stops waiting: its connection is closed, never
+        // reused (its state is unknown, and on a network that drops packets it would hang the
+        // next group too), and every write left is told Timeout (its COMMIT may have gone).
+        let attempt = attempt(lanes, &mut conn, &mut group, together, tightest, remaining);
+        match tokio::time::timeout(remaining + ANSWER_MARGIN, attempt).await {
+            Ok(Attempt::Done) => return,
+            Ok(Attempt::Again { together: next }) => together = next,
+            Err(_elapsed) => {
+                conn.close_on_drop();
+                let error = StoreError::Timeout(tightest);
                 for write in group {
-                    write.op.refuse(&error);
+                    write.op.settle(Err(&error));
                 }
                 return;
             }
-        };
-        let failed = if together {
-            batch::run(&mut tx, lanes.sql, &mut group)
-                .await
-                .err()
-                .map(|fail| (None, fail))
-        } else {
-            one_at_a_time(&mut tx, lanes.sql, &mut group).await
-        };
-        let Some((culprit, fail)) = failed else {
-            // A caller whose time ran out meanwhile has been told Timeout; its write could
-            // still be here because the server's timeout counts from when each statement
-            // arrived, and on a busy machine a statement can arrive late. It is not committed:
-            // the group is rolled back and the others run again without it (the loop drops
-            // every write past its deadline), so "Timeout" means nothing was applied unless
-            // the COMMIT itself was already on its way.
-            if group.iter().any(|w| w.ticket.deadline() <= Instant::now()) {
-                if let Err(e) = tx.rollback().await {
-                    let error = classify(e, tightest, lanes.is_timeout);
-                    for write in group {
-                        write.op.refuse(&error);
-                    }
-                    return;
-                }
-                continue;
-            }
-            let committed = tx
-                .commit()
-                .await
-                .map_err(|e| classify(e, tightest, lanes.is_timeout));
-            for write in group {
-                write.op.settle(committed.as_ref().map(|_| ()));
-            }
-            return;
-        };
-        let rolled_back = tx.rollback().await;
-        if let Some(i) = culprit {
-            let error = match fail {
-                Fail::Sql(e) => classify(e, tightest, lanes.is_timeout),
-                Fail::Store(e) => e,
+        }
+    }
+}
+
+/// One transaction of `group` on `conn`, with the statement timeout of the `remaining` time of
+/// its tightest write: answers the writes it settles (draining them from `group`), and says
+/// whether any are left to run again.
+async fn attempt(
+    lanes: &Lanes,
+    conn: &mut PgConnection,
+    group: &mut Vec<Pending>,
+    together: bool,
+    tightest: Duration,
+    remaining: Duration,
+) -> Attempt {
+    let refuse_all = |group: &mut Vec<Pending>, error: &StoreError| {
+        for write in group.drain(..) {
+            write.op.refuse(error);
+        }
+        Attempt::Done
+    };
+    let mut tx = match begin_bounded(conn, remaining, lanes.guard).await {
+        Ok(tx) => tx,
+        Err(e) => return refuse_all(group, &classify(e, tightest, lanes.is_timeout)),
+    };
+    let failed = if together {
+        batch::run(&mut tx, lanes.sql, group)
+            .await
+            .err()
+            .map(|fail| (None, fail))
+    } else {
+        one_at_a_time(&mut tx, lanes.sql, group).await
+    };
+    let Some((culprit, fail)) = failed else {
+        // A caller whose time ran out meanwhile has been told Timeout; its write could still
+        // be here because the server's timeout counts from when each statement arrived, and on
+        // a busy machine a statement can arrive late. It is not committed: the group is rolled
+        // back and the others run again without it (the caller drops every write past its
+        // deadline), so "Timeout" means nothing was applied unless the COMMIT itself was
+        // already on its way.
+        if group.iter().any(|w| w.ticket.deadline() <= Instant::now()) {
+            return match tx.rollback().await {
+                Ok(()) => Attempt::Again { together },
+                Err(e) => refuse_all(group, &classify(e, tightest, lanes.is_timeout)),
             };
-            group.remove(i).op.refuse(&error);
-        } else {
-            tracing::debug!("a write group failed; running its writes one at a time");
-            together = false;
         }
-        if let Err(e) = rolled_back {
-            // The connection is gone: nothing of this group is committed.
-            let error = classify(e, tightest, lanes.is_timeout);
-            for write in group {
-                write.op.refuse(&error);
-            }
-            return;
+        let committed = tx
+            .commit()
+            .await
+            .map_err(|e| classify(e, tightest, lanes.is_timeout));
+        for write in group.drain(..) {
+            write.op.settle(committed.as_ref().map(|_| ()));
         }
+        return Attempt::Done;
+    };
+    let rolled_back = tx.rollback().await;
+    let mut next = together;
+    if let Some(i) = culprit {
+        let error = match fail {
+            Fail::Sql(e) => classify(e, tightest, lanes.is_timeout),
+            Fail::Store(e) => e,
+        };
+        group.remove(i).op.refuse(&error);
+    } else {
+        tracing::debug!("a write group failed; running its writes one at a time");
+        next = false;
+    }
+    match rolled_back {
+        // The connection is gone: nothing of this group is committed.
+        Err(e) => refuse_all(group, &classify(e, tightest, lanes.is_timeout)),
+        Ok(()) => Attempt::Again { together: next },
     }
 }
 

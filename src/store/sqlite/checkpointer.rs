@@ -65,13 +65,31 @@ impl Checkpointer {
     }
 }
 
+/// At most one line per this while checkpoints keep failing (a full or read-only disk fails
+/// every one of them, ten a second).
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// Checkpoints every `cadence` until `stopped` hangs up.
 fn run(conn: Connection, stopped: &mpsc::Receiver<()>, cadence: Duration) {
+    let mut failing = Failing::default();
     while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(cadence) {
         // PASSIVE: copies what it can without waiting for the writer or any reader.
         let copied = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
-        if let Err(e) = copied {
-            tracing::warn!(error = %e, "sqlite checkpoint failed; the writer's backstop remains");
+        match copied {
+            Ok(()) => {
+                if let Some(failed) = failing.recovered() {
+                    tracing::info!(failed, "sqlite checkpoints succeed again");
+                }
+            }
+            Err(e) => {
+                if let Some(not_logged) = failing.failed(std::time::Instant::now()) {
+                    tracing::warn!(
+                        error = %e,
+                        similar_failures_not_logged = not_logged,
+                        "sqlite checkpoint failed; the writer's backstop remains"
+                    );
+                }
+            }
         }
     }
     if let Err((_, e)) = conn.close() {
@@ -79,9 +97,67 @@ fn run(conn: Connection, stopped: &mpsc::Receiver<()>, cadence: Duration) {
     }
 }
 
+/// Consecutive failed checkpoints: said once, then at most once per [`FAILURE_LOG_EVERY`].
+#[derive(Debug, Default)]
+struct Failing {
+    /// Failures since the last success.
+    count: u64,
+    /// When the last line was logged.
+    logged_at: Option<std::time::Instant>,
+    /// Failures since that line.
+    not_logged: u64,
+}
+
+impl Failing {
+    /// A checkpoint failed at `now`: `Some(failures not logged since the last line)` when this
+    /// one is to be logged.
+    fn failed(&mut self, now: std::time::Instant) -> Option<u64> {
+        self.count += 1;
+        if self
+            .logged_at
+            .is_some_and(|at| now.duration_since(at) < FAILURE_LOG_EVERY)
+        {
+            self.not_logged += 1;
+            return None;
+        }
+        self.logged_at = Some(now);
+        Some(std::mem::take(&mut self.not_logged))
+    }
+
+    /// A checkpoint succeeded: `Some(failures)` if some had failed before it.
+    fn recovered(&mut self) -> Option<u64> {
+        let failed = std::mem::take(self);
+        (failed.count > 0).then_some(failed.count)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Failing checkpoints (ten a second on a full disk) are logged once, then once per
+    /// FAILURE_LOG_EVERY with the count held back; a success after them is said once.
+    #[test]
+    fn failing_checkpoints_are_logged_once_per_interval() {
+        let mut failing = Failing::default();
+        let start = std::time::Instant::now();
+        let logged: Vec<(u64, Option<u64>)> = (0..250u64)
+            .map(|tenth| (tenth, failing.failed(start + CADENCE * tenth as u32)))
+            .filter(|(_, line)| line.is_some())
+            .collect();
+        assert_eq!(
+            logged,
+            [(0, Some(0)), (100, Some(99)), (200, Some(99))],
+            "25 s of failures: three lines"
+        );
+        assert_eq!(failing.recovered(), Some(250));
+        assert_eq!(failing.recovered(), None, "said once");
+        assert_eq!(
+            failing.failed(start),
+            Some(0),
+            "a new run of failures is said at once"
+        );
+    }
 
     /// With the writer's own checkpoints off, the rows reach the database file itself (not
     /// only the WAL) once the checkpointer has run.
