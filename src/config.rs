@@ -1008,6 +1008,11 @@ mod tests {
                     })
                 },
             ),
+            case(
+                "downstream_connection",
+                "[downstream_connection]\nunacked_timeout = \"5s\"",
+                |c| c.downstream_connection.unacked_timeout = Duration::from_secs(5),
+            ),
             case("auth", "[auth]\nallow_client_id_header = true", |c| {
                 c.auth.allow_client_id_header = true
             }),
