@@ -756,23 +756,28 @@ async fn get_order_reads_by_id_or_scoped_key() {
 
 /// Every hop sets TCP_NODELAY: without it, Nagle's algorithm and delayed ACKs hold each small
 /// gRPC message back ~40 ms, so no order could take less than that, however idle the machine.
-/// The fastest of fifteen sequential orders shows it: CPU contention on a shared machine slows
-/// some orders, not every one of them, so the minimum stays clear of the 40 ms floor.
+/// The fastest of up to sixty sequential orders shows it: CPU contention on a shared machine
+/// (the other tests of this binary run beside it) slows some orders, not every one of them, so
+/// one order under 30 ms ends the test, while with Nagle back none of the sixty could be.
 #[tokio::test]
 async fn sequential_orders_are_not_held_back_by_delayed_acks() {
     let h = start().await;
     let mut took = Vec::new();
-    for i in 0..15 {
+    for i in 0..60 {
         let (answer, elapsed) = h
             .place(order(&format!("nodelay-{i}"), "cart-6"), 2 * SECOND)
             .await;
         assert_eq!(answer.unwrap().status(), OrderStatus::Confirmed);
         took.push(elapsed);
+        if elapsed < Duration::from_millis(30) {
+            break;
+        }
     }
     took.sort();
     assert!(
         took[0] < Duration::from_millis(30),
-        "even the fastest order took {:?}: {took:?}",
+        "even the fastest of {} orders took {:?}: {took:?}",
+        took.len(),
         took[0]
     );
     h.stop().await;
