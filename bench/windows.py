@@ -45,7 +45,9 @@ def confirmed(w):
 
 
 def refused(w):
-    return w["outcomes"].get("error ResourceExhausted", 0)
+    # loadgen names an error outcome by its code and then its reason, e.g. "error
+    # ResourceExhausted OVERLOADED with RetryInfo": every RESOURCE_EXHAUSTED is a refusal.
+    return sum(n for k, n in w["outcomes"].items() if k.split()[:2] == ["error", "ResourceExhausted"])
 
 
 def rss(w, name):
