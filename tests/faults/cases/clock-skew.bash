@@ -30,10 +30,14 @@ for lib in /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 /usr/lib/*/fake
   [[ -f $lib ]] && FAKETIME_LIB=$lib && break
 done
 
-skewed() { # skewed OFFSET COMMAND...: COMMAND with its wall clock moved by OFFSET
-  local offset=$1
+skew_env() { # skew_env OFFSET: the `env` prefix that moves a command's wall clock by OFFSET
+  SKEW_ENV=(env LD_PRELOAD="$FAKETIME_LIB" FAKETIME="$1" FAKETIME_DONT_FAKE_MONOTONIC=1)
+}
+skewed() { # skewed OFFSET COMMAND...: COMMAND with its wall clock moved by OFFSET (foreground)
+  local SKEW_ENV
+  skew_env "$1"
   shift
-  env LD_PRELOAD="$FAKETIME_LIB" FAKETIME="$offset" FAKETIME_DONT_FAKE_MONOTONIC=1 "$@"
+  "${SKEW_ENV[@]}" "$@"
 }
 
 skew_run() { # skew_run OFFSET NAME
@@ -44,7 +48,12 @@ skew_run() { # skew_run OFFSET NAME
   REPLICA_FLAGS=(--database-url "$db" --downstream "${STUBS[main]}")
   REPLICA_PREFIX=()
   replica_start 1 127.0.0.1
-  REPLICA_PREFIX=(skewed "$offset")
+  # A replica's prefix must exec the server (env does) so that REPLICA_PID is the server's
+  # own pid: a shell function here ran it as a child of a subshell, which replica_stop killed
+  # while the skewed replica lived on with its port open.
+  local SKEW_ENV
+  skew_env "$offset"
+  REPLICA_PREFIX=("${SKEW_ENV[@]}")
   replica_start 2 127.0.0.1
   REPLICA_PREFIX=()
   local their ours

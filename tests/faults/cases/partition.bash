@@ -108,8 +108,10 @@ case_main() {
   local relay_port
   relay_port=$(free_port)
   echo 0 >"$WORK/wallet-delay"
-  in_ns w python3 "$FAULTS_DIR/delay_relay.py" "${NS_ADDR[w]}:$relay_port" "${STUBS[wallet]}" \
-    "$WORK/wallet-delay" >"$WORK/relay.log" 2>&1 &
+  # `ip netns exec` directly, not the in_ns function: backgrounded, a function runs in a
+  # subshell whose pid $! would be, and stopping that left the relay running after the case.
+  ip netns exec "$(ns w)" python3 "$FAULTS_DIR/delay_relay.py" "${NS_ADDR[w]}:$relay_port" \
+    "${STUBS[wallet]}" "$WORK/wallet-delay" >"$WORK/relay.log" 2>&1 &
   on_exit stop_pid "$!"
   cat >"$WORK/checkout.toml" <<TOML
 [downstream]
