@@ -7,9 +7,9 @@
 //!
 //! A migration file never changes once released, comments included: its checksum is of the
 //! whole text, and a database that applied it refuses a binary whose text differs. So the two
-//! copies of `0003_random_order_ids_and_parking.sql` still cite "SPEC §10" for parking, an
-//! outside document this repository does not hold; the rules they mean are docs/design.md §6
-//! ("Failures and parking").
+//! copies of `0003_random_order_ids_and_parking.sql` keep a comment that cites parking by the
+//! section number of an outside contract this repository does not hold. Read it as
+//! docs/design.md §6 ("Failures and parking"), where those rules are written.
 
 use sqlx::SqlSafeStr;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
