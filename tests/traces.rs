@@ -146,13 +146,30 @@ async fn one_order_is_one_trace_across_the_orchestrator_and_the_stubs() {
     let remaining = rpc.int("checkout.budget.remaining_ms").expect("remaining");
     assert!(remaining > 0 && remaining < deadline_ms, "{remaining}");
 
-    // Every span of the trace hangs off the caller's span through spans of this trace.
+    // Every span of the trace hangs off the caller's span through spans of this trace, and
+    // carries none of the attributes tracing-opentelemetry adds by default (source location,
+    // thread, busy/idle time): they are not in the span contract and were most of the bytes
+    // encoded per span (docs/benchmarks.md, the cost of tracing).
+    const LAYER_DEFAULTS: [&str; 7] = [
+        "code.file.path",
+        "code.module.name",
+        "code.line.number",
+        "thread.id",
+        "thread.name",
+        "busy_ns",
+        "idle_ns",
+    ];
     for span in &spans {
         assert!(
             span.parent_span_id == parent || ids.contains_key(span.parent_span_id.as_str()),
             "{} has a parent outside the trace: {span:#?}",
             span.name
         );
+        let extra: Vec<_> = LAYER_DEFAULTS
+            .iter()
+            .filter(|key| span.attributes.contains_key(**key))
+            .collect();
+        assert!(extra.is_empty(), "{}: carries {extra:?}", span.name);
     }
 
     let caps = [
