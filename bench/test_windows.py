@@ -44,5 +44,33 @@ class Refused(unittest.TestCase):
         self.assertIn("10 refused (4 needless)", out.getvalue())
 
 
+def scrape(counts):
+    """A /metrics text with PlaceOrder's RESOURCE_EXHAUSTED buckets at `counts` (cumulative,
+    per bound in seconds), an OK series beside it that must not count."""
+    lines = ["# TYPE rpc_server_call_duration_seconds histogram"]
+    for le, n in counts.items():
+        bound = "+Inf" if le == float("inf") else repr(le)
+        lines.append('rpc_server_call_duration_seconds_bucket{le="%s",rpc_method="checkout.v1.'
+                     'CheckoutService/PlaceOrder",rpc_status_code="RESOURCE_EXHAUSTED"} %d'
+                     % (bound, n))
+        lines.append('rpc_server_call_duration_seconds_bucket{le="%s",rpc_method="checkout.v1.'
+                     'CheckoutService/PlaceOrder",rpc_status_code="OK"} %d' % (bound, 10 * n + 5))
+    return "\n".join(lines) + "\n"
+
+
+class ServerRefusals(unittest.TestCase):
+    def test_the_quantiles_are_of_the_refusals_between_the_scrapes(self):
+        inf = float("inf")
+        before = scrape({0.001: 100, 0.005: 100, 0.05: 100, inf: 100})
+        # 1,000 more: 980 within 1 ms, 15 more within 5 ms, the last 5 within 50 ms.
+        after = scrape({0.001: 1080, 0.005: 1095, 0.05: 1100, inf: 1100})
+        self.assertEqual(windows.server_refusals(before, after), (1000, 1.0, 5.0))
+
+    def test_no_refusals_between_the_scrapes_has_no_quantiles(self):
+        same = scrape({0.001: 7, float("inf"): 7})
+        self.assertEqual(windows.server_refusals(same, same), (0, None, None))
+        self.assertEqual(windows.server_refusals("", ""), (0, None, None))
+
+
 if __name__ == "__main__":
     unittest.main()

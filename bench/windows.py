@@ -14,6 +14,12 @@ the admitted orders' p99, late answers, and each process's resident memory.
                                            during it, as a share of the saturation measured
                                            first), refusals and their p99 at the client,
                                            the admitted orders' p99
+    bench/windows.py server-refusals BEFORE AFTER
+                                           serve's own time for the refusals between two
+                                           scrapes of its /metrics (files): the
+                                           RESOURCE_EXHAUSTED answers of PlaceOrder in
+                                           rpc_server_call_duration_seconds, p50 and p99 as
+                                           the bucket bounds they fall under
 
 Every figure is computed from the loader's own tallies; nothing is judged here but what the
 rows say (bench/run never fails on speed). Goodput counts CONFIRMED answers: orders that were
@@ -126,7 +132,48 @@ def surge(run, windows, deadline_ms, start, stop, saturation):
           f"({run['errors']} errors); outcomes {run['outcomes']}")
 
 
+def refusal_buckets(text):
+    """PlaceOrder's RESOURCE_EXHAUSTED buckets in a Prometheus text scrape: {le: count}."""
+    buckets = {}
+    for line in text.splitlines():
+        if not line.startswith("rpc_server_call_duration_seconds_bucket{"):
+            continue
+        labels, _, value = line.rpartition("} ")
+        pairs = dict(
+            part.split("=", 1) for part in labels.split("{", 1)[1].split(",") if "=" in part
+        )
+        if (pairs.get("rpc_method") == '"checkout.v1.CheckoutService/PlaceOrder"'
+                and pairs.get("rpc_status_code") == '"RESOURCE_EXHAUSTED"'):
+            buckets[float(pairs["le"].strip('"'))] = float(value.split()[0])
+    return buckets
+
+
+def server_refusals(before, after):
+    """Refusals between two scrapes and the bucket bounds (ms) their p50 and p99 fall under:
+    (count, p50_ms, p99_ms); the quantiles are None without refusals."""
+    old, new = refusal_buckets(before), refusal_buckets(after)
+    delta = {le: new[le] - old.get(le, 0.0) for le in sorted(new)}
+    total = delta.get(float("inf"), 0.0)
+    if total <= 0:
+        return 0, None, None
+
+    def bound(q):
+        return next(le * 1000 for le, n in delta.items() if n >= q * total)
+
+    return int(total), bound(0.5), bound(0.99)
+
+
 def main():
+    if sys.argv[1] == "server-refusals":
+        with open(sys.argv[2]) as before, open(sys.argv[3]) as after:
+            count, p50, p99 = server_refusals(before.read(), after.read())
+        if count == 0:
+            print("  serve's own time for refusals: none refused")
+        else:
+            print(f"  serve's own time for the {count} refusals (rpc_server_call_duration_seconds, "
+                  f"RESOURCE_EXHAUSTED, from the call entering the service to its answer): "
+                  f"p50 <= {fmt(p50, 0)} ms, p99 <= {fmt(p99, 0)} ms (bucket bounds)")
+        return
     mode, deadline_ms = sys.argv[1], float(sys.argv[2])
     groups = runs_of(sys.stdin)
     for run, windows in groups:
