@@ -649,11 +649,16 @@ async fn a_database_that_stops_taking_writes_turns_health_not_serving() {
     stubs.stop().await;
 }
 
-/// Places `count` orders at once through `replica`, each with a 1 s deadline; returns their
-/// ids once all are answered CONFIRMED.
-async fn confirmed_orders(replica: &Replica, prefix: &str, count: usize) -> Vec<String> {
+/// Places `count` orders at once through `replica`, each with `deadline`; returns their ids
+/// once all are answered CONFIRMED.
+async fn confirmed_orders(
+    replica: &Replica,
+    prefix: &str,
+    count: usize,
+    deadline: Duration,
+) -> Vec<String> {
     let placed = futures::future::join_all(
-        (0..count).map(|i| replica.place(order(&format!("{prefix}-{i}"), "cart-700"), SECOND)),
+        (0..count).map(|i| replica.place(order(&format!("{prefix}-{i}"), "cart-700"), deadline)),
     )
     .await;
     placed
@@ -661,21 +666,23 @@ async fn confirmed_orders(replica: &Replica, prefix: &str, count: usize) -> Vec<
         .map(|(answer, took)| {
             let order = answer.expect("PlaceOrder answers with an Order");
             assert_eq!(order.status(), OrderStatus::Confirmed, "{order:?}");
-            assert!(took < SECOND, "answered after its deadline: {took:?}");
+            assert!(took < deadline, "answered after its deadline: {took:?}");
             order.order_id
         })
         .collect()
 }
 
-/// A replica whose own clock is 3 s ahead takes no order over before its takeover time and
+/// A replica whose own clock is 4 s ahead takes no order over before its takeover time and
 /// runs no job before it is due: it measured the database's clock when its store opened (its
-/// offset reads about -3 s), and every time the replicas compare is on that clock. The
-/// wallet's Hold takes 600 ms, so each order is still being worked when a replica 3 s ahead
-/// on its own clock would take it over (its takeover time, the 1 s deadline plus the 2 s
+/// offset reads about -4 s), and every time the replicas compare is on that clock. The
+/// wallet's Hold takes 600 ms, so each order is still being worked when a replica 4 s ahead
+/// on its own clock would take it over (its takeover time, the 2 s deadline plus the 2 s
 /// grace, is reached at once by that clock): each order is held once, and captured after its
 /// deadline. The same replica on an unmeasured clock — how every replica read time before —
 /// takes the orders over while their owner works them, sending their holds again: the test
-/// would see a clock the worker does not consult.
+/// would see a clock the worker does not consult. The deadline leaves the owner 1.4 s beyond
+/// the hold for its other steps and two store writes, which a loaded CI machine needs (with
+/// 1 s, one order's decision once took 290 ms to write and was answered PENDING).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_whose_clock_is_ahead_takes_no_order_over_before_its_time() {
     let database = TestDatabase::create("checkout_e2e").await;
@@ -686,30 +693,33 @@ async fn a_replica_whose_clock_is_ahead_takes_no_order_over_before_its_time() {
     // A 600 ms hold is a slow call to the breaker (250 ms): it would open after ten.
     let patient = |c: &mut Config| c.breaker.slow_call_threshold = 2 * SECOND;
     let owner = Replica::start(&stubs.server, &database, patient).await;
-    const AHEAD_MS: i64 = 3_000;
+    const DEADLINE: Duration = Duration::from_secs(2);
+    // The takeover time, deadline + grace, is already past on this clock when an order begins.
+    let grace = Config::default().worker.takeover_grace;
+    let ahead_ms = i64::try_from((DEADLINE + grace).as_millis()).expect("a few seconds");
     let ahead = Replica::start_with_clock(
         &stubs.server,
         &database,
         patient,
-        Some(StoreClock::measured().with_local_skew(AHEAD_MS)),
+        Some(StoreClock::measured().with_local_skew(ahead_ms)),
     )
     .await;
     let offset = ahead.store.clock().offset_ms();
     assert!(
-        (offset + AHEAD_MS).abs() < 500,
+        (offset + ahead_ms).abs() < 500,
         "the measured offset cancels the skew: {offset} ms"
     );
 
     const ORDERS: usize = 10;
     let started_ms = common::now_ms();
-    let ids = confirmed_orders(&owner, "ahead", ORDERS).await;
+    let ids = confirmed_orders(&owner, "ahead", ORDERS, DEADLINE).await;
     stubs.ok_reaches("wallet", "Capture", ORDERS as u64).await;
     let holds = stubs.method("wallet", "Hold").await;
     assert_eq!(
         holds.received, ORDERS as u64,
         "one Hold per order: none was taken over while its owner worked it"
     );
-    let deadline_ms = started_ms + 1_000;
+    let deadline_ms = started_ms + i64::try_from(DEADLINE.as_millis()).expect("2 s");
     for effect in stubs.control.effects("wallet").await {
         if effect.method == "Capture" && ids.contains(&effect.reference) {
             let at = effect.applied_at.expect("a capture's time");
@@ -728,13 +738,13 @@ async fn a_replica_whose_clock_is_ahead_takes_no_order_over_before_its_time() {
         &stubs.server,
         &database,
         patient,
-        Some(StoreClock::local().with_local_skew(AHEAD_MS)),
+        Some(StoreClock::local().with_local_skew(ahead_ms)),
     )
     .await;
-    confirmed_orders(&owner, "unmeasured", ORDERS).await;
-    // At least one hold re-sent by a replica 3 s ahead on its own clock, while in flight.
+    confirmed_orders(&owner, "unmeasured", ORDERS, DEADLINE).await;
+    // At least one hold re-sent by a replica 4 s ahead on its own clock, while in flight.
     poll_until(
-        "a Hold re-sent by the replica that is 3 s ahead on an unmeasured clock",
+        "a Hold re-sent by the replica that is 4 s ahead on an unmeasured clock",
         EVENTUALLY,
         Duration::from_millis(50),
         || stubs.method("wallet", "Hold"),
