@@ -605,7 +605,7 @@ impl Config {
                 )));
             }
         }
-        let counts: [(&str, u64, u64, u64); 8] = [
+        let counts: [(&str, u64, u64, u64); 9] = [
             ("worker.max_attempts", w.max_attempts.into(), 1, 1_000_000),
             ("worker.concurrency", w.concurrency as u64, 1, 10_000),
             (
@@ -620,6 +620,12 @@ impl Config {
                 st.sqlite_memory_limit_mib.into(),
                 1,
                 65_536,
+            ),
+            (
+                "store.sqlite_min_free_mib",
+                st.sqlite_min_free_mib.into(),
+                0,
+                1 << 20,
             ),
             (
                 "server.max_message_size",

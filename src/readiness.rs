@@ -4,7 +4,9 @@
 //! - **the store takes writes**: proved by a write probe before anything is served, and again
 //!   every `store.probe_interval` while running — every [`DOWN_PROBE_INTERVAL`] while it does
 //!   not, and at once when a write of the request path fails (the [`StoreHealth`] flag, which
-//!   PlaceOrder also reads: while it is down, orders are refused UNAVAILABLE before admission);
+//!   PlaceOrder also reads: while it is down, orders are refused UNAVAILABLE before admission).
+//!   On SQLite the probe also fails under the data dir's free-space floor
+//!   (`store.sqlite_min_free_mib`): on a full disk its one-row write could still commit;
 //! - **every downstream channel has been tried**: at start each of the four channels (cart,
 //!   fraud, inventory, wallet) connects eagerly, bounded by its step's connect timeout. Ready
 //!   follows once each attempt has ended, connected or not: a replica that has just started

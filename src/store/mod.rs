@@ -93,6 +93,12 @@ pub struct StoreConfig {
     /// past it SQLite reuses cached pages instead of allocating; an evicted page is read again
     /// from the operating system's cache.
     pub sqlite_memory_limit_mib: u32,
+    /// Free space, in MiB, the data dir's filesystem must keep for SQLite to be called
+    /// writable: below it every store probe fails, so health is NOT_SERVING and orders are
+    /// refused UNAVAILABLE before any is begun. A probe's one-row write alone would pass on a
+    /// full disk (it fits in WAL space SQLite already owns) while orders' writes fail. Room for
+    /// the WAL between checkpoints and the file's growth; 0 turns the check off.
+    pub sqlite_min_free_mib: u32,
     /// Connections in the pool (PostgreSQL; SQLite readers).
     pub max_connections: u32,
     /// Bound on store calls made outside a request (worker, GetOrder, startup).
@@ -121,6 +127,7 @@ impl std::fmt::Debug for StoreConfig {
             .field("in_memory", &self.in_memory)
             .field("sqlite_synchronous", &self.sqlite_synchronous)
             .field("sqlite_memory_limit_mib", &self.sqlite_memory_limit_mib)
+            .field("sqlite_min_free_mib", &self.sqlite_min_free_mib)
             .field("max_connections", &self.max_connections)
             .field("background_timeout", &self.background_timeout)
             .field("statement_guard", &self.statement_guard)
@@ -138,6 +145,7 @@ impl Default for StoreConfig {
             in_memory: false,
             sqlite_synchronous: SqliteSynchronous::Full,
             sqlite_memory_limit_mib: 16,
+            sqlite_min_free_mib: 16,
             max_connections: 16,
             background_timeout: Duration::from_secs(5),
             statement_guard: Duration::from_millis(5),
@@ -184,7 +192,8 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn OrderStore>, StoreErro
                 config.max_connections,
                 config.background_timeout,
             )
-            .await?;
+            .await?
+            .with_min_free_space(u64::from(config.sqlite_min_free_mib) << 20);
             Ok(Arc::new(store))
         }
     }

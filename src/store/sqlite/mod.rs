@@ -16,6 +16,7 @@
 //! expects) before the file is handed to the writer.
 
 mod checkpointer;
+mod disk;
 mod error;
 mod readers;
 mod rows;
@@ -66,6 +67,8 @@ pub struct SqliteStore {
     background: Duration,
     /// `<data_dir>/checkout.db`.
     path: PathBuf,
+    /// Bytes the data dir's filesystem must keep free for a probe to pass (0: not checked).
+    min_free: u64,
 }
 
 /// Opens a read-write connection on the migrated file, for the writer or the checkpointer:
@@ -216,7 +219,15 @@ impl SqliteStore {
             checkpointer: Checkpointer::start(checkpoints, checkpointer::CADENCE)?,
             background: background_timeout,
             path,
+            min_free: 0,
         })
+    }
+
+    /// Makes every probe fail while the data dir's filesystem has fewer than `bytes` available
+    /// (`store.sqlite_min_free_mib`; see [`disk`]). Unchecked (0) unless set.
+    pub fn with_min_free_space(mut self, bytes: u64) -> Self {
+        self.min_free = bytes;
+        self
     }
 
     /// The database file.
@@ -376,6 +387,11 @@ impl OrderStore for SqliteStore {
     }
 
     async fn probe(&self, now_ms: i64) -> Result<(), StoreError> {
+        // statvfs of the database file measures the filesystem it is on.
+        let (file, floor) = (self.path.clone(), self.min_free);
+        tokio::task::spawn_blocking(move || disk::check_free_space(&file, floor))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("measuring free space: {e}")))??;
         self.writer
             .write(self.background, move |conn| writes::probe(conn, now_ms))
             .await
