@@ -211,6 +211,18 @@ impl Harness {
 }
 
 #[cfg(feature = "postgres-tests")]
+/// SHA-384 of `0003_random_order_ids_and_parking.sql` as released (`git show
+/// 0e4aeca:src/store/migrations/<backend>/0003_random_order_ids_and_parking.sql | sha384sum`),
+/// before its comment was reworded: what every database migrated by a release records.
+const RELEASED_V3_SQLITE: &str = "2d7607d03e5dfdbee4eae800efe7d616514e8d2b4530aa94a0582df9ca0600b5df1734d61a22af72815ef8001144b70c";
+#[cfg(feature = "postgres-tests")]
+const RELEASED_V3_POSTGRES: &str = "ebf1fb80b09c511942732af7ca1a5adc3e22a6a1b49c3093115246dc4a35b81daf06a3ace26fd009533429a7c3fd0b2a";
+
+/// Lowercase hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 mod pg {
     //! Fresh PostgreSQL databases for tests.
 
@@ -1605,6 +1617,30 @@ mod sqlite_file {
         after.close().await.expect("closed");
     }
 
+    /// A fresh data dir records, for migration 3 (whose comment was reworded after release),
+    /// the checksum of the text as released in 0e4aeca, so a binary rolled back to a release
+    /// before the rewording opens it; and it opens again with this one.
+    #[tokio::test]
+    async fn a_fresh_data_dir_records_the_released_checksum_of_a_reworded_migration() {
+        let dir = TempDir::new().expect("temp dir");
+        let open = || SqliteStore::open(dir.path(), SqliteSynchronous::Full, 2, BACKGROUND);
+        open().await.expect("fresh").close().await;
+        let options =
+            sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("checkout.db"));
+        let mut conn = SqliteConnection::connect_with(&options)
+            .await
+            .expect("connect");
+        let recorded = applied(&mut conn).await;
+        conn.close().await.expect("closed");
+        let (_, _, checksum, _) = &recorded[2];
+        assert_eq!(hex(checksum), super::RELEASED_V3_SQLITE);
+        let store = open()
+            .await
+            .expect("reopened with the released checksum recorded");
+        create(&store, "o-1", 0).await;
+        store.close().await;
+    }
+
     /// `store::open` without a database URL opens SQLite under the data dir, and refuses a
     /// URL that is not PostgreSQL.
     #[tokio::test]
@@ -1661,6 +1697,48 @@ mod postgres_replicas {
     use std::collections::HashSet;
 
     use sqlx::{Connection, Executor, PgConnection};
+
+    /// Migration 3's checksum on PostgreSQL: a fresh database records the released text's (a
+    /// binary rolled back opens it), one sqlx-cli migrated from the folder keeps the current
+    /// text's; both open and take orders.
+    #[tokio::test]
+    async fn a_reworded_migration_opens_with_either_checksum() {
+        let fresh = pg::TestDatabase::create("checkout_t").await;
+        pg::open(&fresh).await.close().await;
+        let by_cli = pg::TestDatabase::create("checkout_t").await;
+        let folder =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/migrations/postgres");
+        let migrator = sqlx::migrate::Migrator::new(folder.as_path())
+            .await
+            .expect("migration files");
+        let current = hex(&migrator.iter().nth(2).expect("migration 3").checksum);
+        assert_ne!(
+            current,
+            super::RELEASED_V3_POSTGRES,
+            "the text was reworded"
+        );
+        let mut conn = PgConnection::connect(&by_cli.url()).await.expect("connect");
+        migrator
+            .run(&mut conn)
+            .await
+            .expect("migrated as sqlx-cli does");
+        conn.close().await.expect("closed");
+        for (database, expected) in [(&fresh, super::RELEASED_V3_POSTGRES), (&by_cli, &current)] {
+            let mut conn = PgConnection::connect(&database.url())
+                .await
+                .expect("connect");
+            let checksum: Vec<u8> =
+                sqlx::query_scalar("SELECT checksum FROM _sqlx_migrations WHERE version = 3")
+                    .fetch_one(&mut conn)
+                    .await
+                    .expect("migration 3 applied");
+            conn.close().await.expect("closed");
+            assert_eq!(hex(&checksum), expected);
+            let store = pg::open(database).await;
+            create(&store, "o-1", 0).await;
+            store.close().await;
+        }
+    }
 
     /// Two replicas (two pools on one database) claiming in a loop lease each of 200 due jobs
     /// exactly once.

@@ -31,6 +31,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Deserialize;
 use sqlx::error::DatabaseError;
+use sqlx::migrate::Migrate;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::query::{Query, QueryScalar};
 use sqlx::{AssertSqlSafe, Connection, Postgres, Row, Transaction};
@@ -288,7 +289,14 @@ async fn migrate(options: &PgConnectOptions, limit: Duration) -> Result<(), Stor
             .execute(&mut *tx)
             .await
             .map_err(open_error)?;
-        let mut migrator = schema::postgres();
+        tx.ensure_migrations_table(schema::MIGRATIONS_TABLE)
+            .await
+            .map_err(migrate_error)?;
+        let applied = tx
+            .list_applied_migrations(schema::MIGRATIONS_TABLE)
+            .await
+            .map_err(migrate_error)?;
+        let mut migrator = schema::migrator(schema::Backend::Postgres, &applied);
         migrator.set_locking(false);
         migrator.run(&mut *tx).await.map_err(migrate_error)?;
         sqlx::raw_sql("DEALLOCATE ALL")

@@ -30,6 +30,7 @@ use async_trait::async_trait;
 use rusqlite::OpenFlags;
 use serde::Deserialize;
 use sqlx::Connection;
+use sqlx::migrate::Migrate;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous as Synchronous,
 };
@@ -187,7 +188,15 @@ impl SqliteStore {
         .await
         .map_err(|_| StoreError::Unavailable("could not open the database in time".to_owned()))?
         .map_err(open_error)?;
-        schema::sqlite()
+        migrator
+            .ensure_migrations_table(schema::MIGRATIONS_TABLE)
+            .await
+            .map_err(migrate_error)?;
+        let applied = migrator
+            .list_applied_migrations(schema::MIGRATIONS_TABLE)
+            .await
+            .map_err(migrate_error)?;
+        schema::migrator(schema::Backend::Sqlite, &applied)
             .run(&mut migrator)
             .await
             .map_err(migrate_error)?;

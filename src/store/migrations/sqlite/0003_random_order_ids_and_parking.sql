@@ -2,7 +2,7 @@
 -- wallet and inventory references); the idempotency key is unique within its scope instead.
 CREATE UNIQUE INDEX orders_scope_key ON orders (scope, idempotency_key);
 
--- Parking (SPEC §10): `attempts` counts every failed attempt (the backoff's exponent);
+-- Parking (docs/design.md §6): `attempts` counts every failed attempt (the backoff's exponent);
 -- `rejections` counts the definitive refusals `worker.max_attempts` limits; transient failures
 -- park only after `worker.park_after`, counted from `failing_since_ms`.
 ALTER TABLE jobs ADD COLUMN rejections INTEGER NOT NULL DEFAULT 0;
