@@ -16,6 +16,15 @@
 
 fs_mode() { echo "$1" >"$WORK/fs-mode"; }
 
+stays_down() { # stays_down SECONDS WHAT: NOT_SERVING and /readyz 503 at every read for SECONDS
+  local until=$((SECONDS + $1))
+  while ((SECONDS < until)); do
+    not_serving 1 || fail "checkout-1 turned SERVING before the fault was healed ($2)"
+    [[ $(readyz 1) == 503 ]] || fail "/readyz turned $(readyz 1) before the fault was healed ($2)"
+    sleep 0.5
+  done
+}
+
 fault_window() { # fault_window WHAT INJECT HEAL: inject, prove the outage, heal, prove recovery
   local what=$1 inject=$2 heal=$3 started
   say "$what"
@@ -24,12 +33,13 @@ fault_window() { # fault_window WHAT INJECT HEAL: inject, prove the outage, heal
   wait_until 15 "checkout-1 NOT_SERVING ($what)" not_serving 1
   [[ $(readyz 1) == 503 ]] || fail "/readyz is $(readyz 1), not 503 ($what)"
   say "NOT_SERVING and /readyz 503 after $((SECONDS - started)) s"
-  sleep 3
+  # Out of rotation for the whole fault, read twice a second: a probe whose one-row write fits in
+  # WAL space SQLite already owns must not bring it back while orders' writes fail.
+  stays_down 3 "$what"
   local calls
   calls=$(stub_calls main)
-  sleep 5
+  stays_down 5 "$what"
   calls=$(($(stub_calls main) - calls))
-  not_serving 1 || fail "checkout-1 turned SERVING before the fault was healed ($what)"
   eval "$heal"
   ((calls == 0)) || fail "$calls downstream calls during the fault ($what): PlaceOrder must call no one"
   wait_until 15 "checkout-1 SERVING after the heal ($what)" serving 1
