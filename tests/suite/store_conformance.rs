@@ -210,7 +210,6 @@ impl Harness {
     }
 }
 
-#[cfg(feature = "postgres-tests")]
 /// SHA-384 of `0003_random_order_ids_and_parking.sql` as released (`git show
 /// 0e4aeca:src/store/migrations/<backend>/0003_random_order_ids_and_parking.sql | sha384sum`),
 /// before its comment was reworded: what every database migrated by a release records.
@@ -223,6 +222,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+#[cfg(feature = "postgres-tests")]
 mod pg {
     //! Fresh PostgreSQL databases for tests.
 
