@@ -1717,14 +1717,19 @@ mod postgres_replicas {
             super::RELEASED_V3_POSTGRES,
             "the text was reworded"
         );
-        let mut conn = PgConnection::connect(&by_cli.url()).await.expect("connect");
+        // sqlx-cli, and the checksum reads below, on the server itself: their prepared
+        // statements would outlive them on a transaction pooler's server connections and collide
+        // with the next client's (as sqlx-cli's would; operators migrate past the pooler).
+        let mut conn = PgConnection::connect(&by_cli.direct_url())
+            .await
+            .expect("connect");
         migrator
             .run(&mut conn)
             .await
             .expect("migrated as sqlx-cli does");
         conn.close().await.expect("closed");
         for (database, expected) in [(&fresh, super::RELEASED_V3_POSTGRES), (&by_cli, &current)] {
-            let mut conn = PgConnection::connect(&database.url())
+            let mut conn = PgConnection::connect(&database.direct_url())
                 .await
                 .expect("connect");
             let checksum: Vec<u8> =
