@@ -1,15 +1,16 @@
 //! The request path's own spans: one per step (`cart`, `fraud`, ..., the parent of its
 //! attempts) and one per store write (`store begin`, `store hold_intent`, `store decide`),
-//! each timed into its metric. They are `tracing` spans built on [`checkout_telemetry::trace`];
+//! each timed into its metric. They are `tracing` spans built on [`checkout_telemetry::trace`],
+//! never entered (a step's attempts are made in its context, carried by the step's future);
 //! none is built when spans are off or the trace is not sampled.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use checkout_telemetry::metrics;
-use checkout_telemetry::trace::{TARGET, child_spans, millis, recording};
+use checkout_telemetry::trace::{TARGET, child_spans, context_of, millis, recording};
 use opentelemetry::KeyValue;
-use tracing::Instrument as _;
+use opentelemetry::context::FutureExt as _;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
@@ -51,9 +52,10 @@ impl StepSpan {
         }
     }
 
-    /// Runs `call` (the step's downstream attempts) inside this span.
+    /// Runs `call` (the step's downstream attempts) in this span's context: the attempts it
+    /// starts are its children.
     pub fn run<F: Future>(&self, call: F) -> impl Future<Output = F::Output> {
-        call.instrument(self.span.clone())
+        call.with_context(context_of(&self.span))
     }
 
     /// Ends the step with `outcome`; a cancelled step carries a `cancelled` event with its
@@ -88,26 +90,26 @@ impl StepSpan {
     }
 }
 
-/// Runs a request-path store write of `kind` in its own span, timing it.
+/// Runs a request-path store write of `kind` under its own span (open from the write's start
+/// to its end; it has no children), timing it.
 pub async fn store_write<F: Future>(kind: &'static str, write: F) -> F::Output {
     let started = Instant::now();
-    let output = if child_spans() {
+    // Held across the write, closed as it ends; no span when spans are off or unsampled.
+    let _span = child_spans().then(|| {
         let name = match kind {
             "begin" => "store begin",
             "hold_intent" => "store hold_intent",
             "decide" => "store decide",
             _ => "store write",
         };
-        let span = tracing::info_span!(
+        tracing::info_span!(
             target: TARGET,
             "store",
             otel.name = name,
             "checkout.store.write" = kind,
-        );
-        write.instrument(span).await
-    } else {
-        write.await
-    };
+        )
+    });
+    let output = write.await;
     metrics::store_write(kind, started.elapsed());
     output
 }

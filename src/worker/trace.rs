@@ -9,8 +9,6 @@ use checkout_telemetry::trace::{TARGET, exporting, parse_traceparent, recording}
 use opentelemetry::Context;
 use opentelemetry::context::{FutureExt as _, WithContext};
 use opentelemetry::trace::{Status, TraceContextExt as _, TraceId};
-use tracing::Instrument as _;
-use tracing::instrument::Instrumented;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::downstream::AttemptKind;
@@ -81,12 +79,15 @@ impl JobTrace {
         context.is_valid().then(|| context.trace_id())
     }
 
-    /// Runs `attempt` inside the job's span and context.
-    pub fn run<F: Future>(&self, attempt: F) -> WithContext<Instrumented<F>> {
-        // The context first, then the span: entering the span makes its own context current.
-        attempt
-            .instrument(self.span.clone())
-            .with_context(self.cx.clone())
+    /// Runs `attempt` in the job span's context (which carries the `worker` attempt kind): the
+    /// calls it makes are the span's children. Without span export, in the order's context.
+    pub fn run<F: Future>(&self, attempt: F) -> WithContext<F> {
+        let cx = if self.span.is_disabled() {
+            self.cx.clone()
+        } else {
+            self.span.context()
+        };
+        attempt.with_context(cx)
     }
 
     /// Ends the job attempt's span with how it went (`done`, `wait`, or the error class).

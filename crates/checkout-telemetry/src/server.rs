@@ -1,6 +1,7 @@
 //! The tower layer in front of every gRPC server of this crate (the orchestrator's and the
 //! stubs'): it reads the caller's trace context from the request headers BEFORE the server span
-//! exists, runs the call inside that span (a `tracing` span, see [`crate::trace`]), and records
+//! exists, runs the call in that span's context (a `tracing` span, see [`crate::trace`]; the
+//! context is carried, the span never entered), and records
 //! `rpc_server_call_duration_seconds` with the method and the status name. A call whose caller
 //! went away first (its future dropped) ends as `CANCELLED` with a `cancelled` event, reason
 //! `caller_left`.
@@ -16,7 +17,6 @@ use opentelemetry::KeyValue;
 use opentelemetry::context::FutureExt as _;
 use opentelemetry::trace::Status;
 use tower::{Layer, Service};
-use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::{code_name, metrics, propagation, trace};
@@ -56,11 +56,11 @@ where
         let method = method_name(request.uri().path());
         let (span, cx) =
             trace::server_span(method, propagation::extract_headers(request.headers()));
-        // The context first, then the span: entering the span makes its own context (a child of
-        // `cx`) current; without export the span is disabled and `cx` is what calls carry.
+        // `cx` is the server span's own context (a child of the caller's), or without export the
+        // caller's: current while the call is built and on every poll of it.
         let call = {
             let _attached = cx.clone().attach();
-            span.in_scope(|| self.inner.call(request))
+            self.inner.call(request)
         };
         let mut finish = Finish {
             span: span.clone(),
@@ -69,7 +69,7 @@ where
             done: false,
         };
         Box::pin(async move {
-            let result = call.instrument(span).with_context(cx).await;
+            let result = call.with_context(cx).await;
             let status = match &result {
                 Ok(response) => response
                     .headers()
@@ -87,8 +87,8 @@ where
 
 /// Ends the server span and records the call, also when the call's future is dropped.
 struct Finish {
-    /// The server span (disabled when spans are not exported); it ends when the last handle
-    /// to it (this one, or the instrumented call's) is dropped.
+    /// The server span (disabled when spans are not exported); it ends when this is dropped,
+    /// as the call ends or is dropped.
     span: tracing::Span,
     method: &'static str,
     started: Instant,

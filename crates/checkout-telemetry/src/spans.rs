@@ -34,8 +34,9 @@ pub(crate) fn install(tracer: SdkTracer) -> bool {
     // thread id and name) and two more at its end (busy and idle time, which cost two clock
     // reads on every poll of an instrumented future): none is part of the service's span
     // contract (docs/design.md §11), and at 16 spans an order they are most of
-    // what the exporter encodes. The entered span's context stays current (context
-    // activation): the request path reads its server span from there.
+    // what the exporter encodes. No exported span is ever entered (each span's context is
+    // carried by the future it covers, see trace.rs), so context activation, which stays on,
+    // costs nothing; with it a contextual span's parent is the current OpenTelemetry context.
     let layer = tracing_opentelemetry::layer()
         .with_location(false)
         .with_threads(false)

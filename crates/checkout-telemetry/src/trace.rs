@@ -6,6 +6,14 @@
 //! ([`crate::ServerTraceLayer`]), and the service's own spans (steps, attempts, store writes,
 //! jobs), which ask [`child_spans`] first.
 //!
+//! No exported span is entered. A span that has children hands them its context as an
+//! OpenTelemetry `Context` carried by the future it covers (`opentelemetry::context::FutureExt::
+//! with_context`, [`context_of`]); a span's time runs from its creation to its close. Entering
+//! a span on every poll of the future it covers cost the tracing-opentelemetry layer a
+//! registry lookup, two locks, a context switch-in and a clock read per span per poll; a
+//! carried context costs one push onto the thread's context stack (docs/benchmarks.md, The
+//! cost of tracing).
+//!
 //! Cost: with export off no span is built at all — a span of [`TARGET`] is disabled at its
 //! callsite, and the caller's trace context (or a fresh, unsampled trace id, so logs still
 //! correlate) is passed through unchanged as an OpenTelemetry `Context`. With export on, an
@@ -44,9 +52,9 @@ pub fn recording(span: &tracing::Span) -> bool {
 }
 
 /// The server span of a call of `method` and the context it runs in. With export on: a span
-/// whose parent is `parent` (the caller's context), and `parent`. Otherwise no span, and
-/// `parent` itself, or a fresh unsampled trace id when the caller sent none, so that logs and
-/// downstream calls still share one trace id.
+/// whose parent is `parent` (the caller's context), and the span's own context. Otherwise no
+/// span, and `parent` itself, or a fresh unsampled trace id when the caller sent none, so that
+/// logs and downstream calls still share one trace id.
 pub(crate) fn server_span(method: &'static str, parent: Context) -> (tracing::Span, Context) {
     if exporting() {
         let span = tracing::info_span!(
@@ -60,8 +68,9 @@ pub(crate) fn server_span(method: &'static str, parent: Context) -> (tracing::Sp
             "error.type" = tracing::field::Empty,
         );
         // Cannot fail: the span is enabled (spans are exported) and not yet started.
-        let _ = span.set_parent(parent.clone());
-        return (span, parent);
+        let _ = span.set_parent(parent);
+        let cx = span.context();
+        return (span, cx);
     }
     if parent.span().span_context().is_valid() {
         return (tracing::Span::none(), parent);
@@ -79,6 +88,16 @@ pub(crate) fn server_span(method: &'static str, parent: Context) -> (tracing::Sp
     )
 }
 
+/// The context the children of `span` are made in: its own when it is exported, else the
+/// current one (so a disabled span passes its surroundings' trace context on unchanged).
+pub fn context_of(span: &tracing::Span) -> Context {
+    if span.is_disabled() {
+        Context::current()
+    } else {
+        span.context()
+    }
+}
+
 /// The trace id of the current context, as logs print it (empty without one).
 pub fn current_trace_id() -> String {
     Context::map_current(|cx| {
@@ -93,8 +112,8 @@ pub fn current_trace_id() -> String {
 
 /// Sets attributes on the span of the current OpenTelemetry context (the RPC's server span on
 /// the request path, also inside its log spans and the operation it spawns), built only if it
-/// records. That context is the server span's because the tracing-opentelemetry layer makes an
-/// entered span's context current, and the request path carries it into what it spawns.
+/// records. That context is the server span's because [`crate::ServerTraceLayer`] runs the call
+/// in it, and the request path carries it into what it spawns.
 pub fn annotate(attributes: impl FnOnce() -> Vec<KeyValue>) {
     Context::map_current(|cx| {
         let span = cx.span();
