@@ -10,9 +10,11 @@
 //! is *bad* when, over the last complete measurement window, more requests arrived than
 //! finished by more than [`GROWTH_MARGIN`]: offered load beyond what the service completes, the
 //! state in which every admitted request only lengthens everyone's wait. Only then is the limit
-//! enforced; otherwise a request past it is admitted when the time to work off the requests
-//! ahead of it, at the completion rate the service has shown ([`Backlog::capacity`]), fits its
-//! deadline's slack.
+//! enforced — the limiter's floor, `min_limit`, until a window closes without growth: the
+//! collapse lasts while the offered load exceeds what completes, even when refusals keep the
+//! in-flight count under the limit for a moment. Otherwise a request past the limit is admitted
+//! when the time to work off the requests ahead of it, at the completion rate the service has
+//! shown ([`Backlog::capacity`]), fits its deadline's slack.
 
 use std::time::Duration;
 
@@ -47,6 +49,10 @@ pub struct Backlog {
     capacity: f64,
     /// Since when the in-flight count has been at or above the limit.
     above_since: Option<Instant>,
+    /// A collapse was seen and no window since has closed without growth: it lasts until the
+    /// offered load falls to what the service completes, however often the in-flight count
+    /// dips below the limit meanwhile (it does whenever refusals keep it there).
+    collapsed: bool,
 }
 
 impl Backlog {
@@ -60,6 +66,7 @@ impl Backlog {
             growing: false,
             capacity: 0.0,
             above_since: None,
+            collapsed: false,
         }
     }
 
@@ -83,6 +90,9 @@ impl Backlog {
             self.growing = false;
             self.capacity *= CAPACITY_DECAY;
         }
+        if !self.growing {
+            self.collapsed = false;
+        }
         self.window_opened = now;
         self.arrivals_at_open = arrivals;
         self.departures_at_open = departures;
@@ -97,13 +107,16 @@ impl Backlog {
         }
     }
 
-    /// The queue has stood at the limit for a whole interval while growing: the service is
-    /// not keeping up, and the limit must hold.
-    pub fn is_collapsing(&self, now: Instant) -> bool {
+    /// The queue has stood at the limit for a whole interval while growing, or did so and
+    /// every window since has grown: the service is not keeping up, and the limit must hold.
+    pub fn is_collapsing(&mut self, now: Instant) -> bool {
         let standing = self
             .above_since
             .is_some_and(|since| now.saturating_duration_since(since) >= self.interval);
-        standing && self.growing
+        if standing && self.growing {
+            self.collapsed = true;
+        }
+        self.collapsed
     }
 
     /// Requests finished per second in the best recent window (decayed); zero until one
@@ -187,10 +200,18 @@ mod tests {
             backlog.is_collapsing(next + 500 * MS),
             "stood an interval, growing"
         );
+        // Refusals keep the in-flight count below the limit now and then: the surge goes on.
         backlog.at_limit(false, next + 600 * MS);
         assert!(
-            !backlog.is_collapsing(next + 600 * MS),
-            "drained below the limit"
+            backlog.is_collapsing(next + 600 * MS),
+            "below the limit for a moment, still growing"
+        );
+        // A window in which no more arrive than finish ends it.
+        let after = feed(&mut backlog, &mut totals, next, 700, 700);
+        backlog.observe(after, totals.arrivals, totals.departures);
+        assert!(
+            !backlog.is_collapsing(after),
+            "the offered load fell to what finishes"
         );
     }
 

@@ -9,7 +9,7 @@
 pub mod backlog;
 pub mod limit;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -66,7 +66,8 @@ pub struct AdmissionPolicy {
     /// How long the in-flight count must stand at or above the limit, while more requests
     /// arrive than finish, before the limit is enforced ([`backlog`]). Until then a request
     /// past the limit (up to `max_limit`) is admitted when its deadline affords working off
-    /// the requests ahead of it: a stall's burst drains, a surge's backlog stands.
+    /// the requests ahead of it: a stall's burst drains, a surge's backlog stands. While it
+    /// stands and grows, `min_limit` is enforced, whatever the adapted limit.
     #[serde(with = "humantime_serde")]
     pub standing_interval: Duration,
 }
@@ -76,7 +77,8 @@ impl Default for AdmissionPolicy {
     /// it is in use, so under healthy load it stays where it is, and 256 holds a peak with its
     /// hiccups: at 1,100/s a 100 ms pause anywhere (a checkpoint, the other process on the two
     /// cores) puts ~110 orders in flight, and the 10-minute soak saw pauses past 200 ms. In a
-    /// surge it falls towards 64, which already keeps this service's CPU busy: a higher floor
+    /// surge whose backlog stands and grows, 64 is enforced at once, which already keeps this
+    /// service's CPU busy (more in flight only queues, refusals included): a higher floor
     /// left so little CPU for refusing that requests queued before admission and timed out
     /// (`scenario surge`, floor 256: 919 answers late), a lower one buys no shorter queues.
     /// The limit is also pinned to `min_limit` while the no-load latency is measured again
@@ -230,6 +232,13 @@ struct Shared {
     retry_after: Duration,
     /// Past the limit, requests may be admitted up to here while the backlog drains.
     ceiling: usize,
+    /// The limit enforced while the backlog collapses (`min_limit`): the concurrency that keeps
+    /// the service busy. More in flight then adds only queueing, which every request pays, the
+    /// refused ones too (their answers wait behind the admitted work on the same runtime).
+    floor: usize,
+    /// Whether the backlog was collapsing when last judged (under the lock, on every departure
+    /// and at the limit); read without the lock by admission.
+    collapsing: AtomicBool,
     /// Locked to feed a sample and, at the limit, to judge the backlog (never across an
     /// await); admission below the limit takes no lock.
     measured: Mutex<Measured>,
@@ -263,8 +272,9 @@ impl Shared {
         }
         let mut measured = self.lock();
         measured.algorithm.on_sample(&sample);
-        let limit = measured.algorithm.limit();
-        self.limit.store(limit, Ordering::Release);
+        let adapted = measured.algorithm.limit();
+        self.limit.store(adapted, Ordering::Release);
+        let limit = self.enforced(adapted);
         let nanos =
             u64::try_from(measured.algorithm.queueing_delay().as_nanos()).unwrap_or(u64::MAX);
         self.queueing_nanos.store(nanos, Ordering::Relaxed);
@@ -274,6 +284,18 @@ impl Shared {
             let now = Instant::now();
             backlog.observe(now, arrivals, departures);
             backlog.at_limit(in_flight >= limit, now);
+            self.collapsing
+                .store(backlog.is_collapsing(now), Ordering::Release);
+        }
+    }
+
+    /// The limit admission enforces given the adapted one: the floor while the backlog
+    /// collapses, the adapted limit otherwise.
+    fn enforced(&self, adapted: usize) -> usize {
+        if self.collapsing.load(Ordering::Acquire) {
+            adapted.min(self.floor)
+        } else {
+            adapted
         }
     }
 
@@ -305,7 +327,9 @@ impl Shared {
         };
         backlog.observe(now, arrivals, departures);
         backlog.at_limit(true, now);
-        !backlog.is_collapsing(now)
+        let collapsing = backlog.is_collapsing(now);
+        self.collapsing.store(collapsing, Ordering::Release);
+        !collapsing
             && backlog
                 .time_to_work_off(in_flight + 1)
                 .is_some_and(|wait| wait <= slack)
@@ -337,7 +361,7 @@ impl AdaptiveLimiter {
         let backlog = Backlog::new(policy.standing_interval, now);
         Self::build(
             Box::new(algorithm),
-            Some(backlog),
+            Some((backlog, policy.min_limit)),
             policy.max_limit,
             policy.enabled,
             policy.retry_after,
@@ -354,9 +378,10 @@ impl AdaptiveLimiter {
         Self::build(Box::new(algorithm), None, 0, enabled, retry_after)
     }
 
+    /// `backlog`: the monitor and the floor enforced while it reports a collapse.
     fn build(
         algorithm: Box<dyn Limit>,
-        backlog: Option<Backlog>,
+        backlog: Option<(Backlog, usize)>,
         ceiling: usize,
         enabled: bool,
         retry_after: Duration,
@@ -371,7 +396,12 @@ impl AdaptiveLimiter {
                 enabled,
                 retry_after,
                 ceiling,
-                measured: Mutex::new(Measured { algorithm, backlog }),
+                floor: backlog.as_ref().map_or(usize::MAX, |(_, floor)| *floor),
+                collapsing: AtomicBool::new(false),
+                measured: Mutex::new(Measured {
+                    algorithm,
+                    backlog: backlog.map(|(monitor, _)| monitor),
+                }),
                 limit: AtomicUsize::new(limit),
                 queueing_nanos: AtomicU64::new(0),
                 in_flight: AtomicUsize::new(0),
@@ -410,7 +440,7 @@ impl AdaptiveLimiter {
         let shared = &self.shared;
         let mut current = shared.in_flight.load(Ordering::Acquire);
         loop {
-            let limit = shared.limit.load(Ordering::Acquire);
+            let limit = shared.enforced(shared.limit.load(Ordering::Acquire));
             if current >= limit && !shared.admits_past_limit(now, current, slack) {
                 return Err(shared.refuse(limit, current));
             }
@@ -438,16 +468,18 @@ impl AdaptiveLimiter {
     pub fn check_within_at(&self, now: Instant, slack: Duration) -> Result<(), Overloaded> {
         let shared = &self.shared;
         let current = shared.in_flight.load(Ordering::Acquire);
-        let limit = shared.limit.load(Ordering::Acquire);
+        let limit = shared.enforced(shared.limit.load(Ordering::Acquire));
         if current >= limit && !shared.admits_past_limit(now, current, slack) {
             return Err(shared.refuse(limit, current));
         }
         Ok(())
     }
 
-    /// The current limit (`usize::MAX` when disabled).
+    /// The limit enforced now: the adapted one, or `min_limit` while the backlog collapses
+    /// (`usize::MAX` when disabled).
     pub fn limit(&self) -> usize {
-        self.shared.limit.load(Ordering::Acquire)
+        self.shared
+            .enforced(self.shared.limit.load(Ordering::Acquire))
     }
 
     /// Requests holding a permit now.
@@ -906,6 +938,37 @@ mod tests {
         // orders are admitted again.
         run(&limiter, &mut held, Duration::from_secs(5), 0, roomy).await;
         assert!(limiter.in_flight() < 8, "drained: {}", limiter.in_flight());
+        assert_eq!(
+            run(&limiter, &mut held, Duration::from_secs(1), 1, roomy).await,
+            0
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_collapsing_backlog_is_held_at_the_floor_and_released_when_it_ends() {
+        // Adapted limit 8, floor 4: the surge of the test above, then the floor holds.
+        let limiter = held_at_eight();
+        let mut held = std::collections::VecDeque::new();
+        let roomy = Duration::from_secs(3600);
+        run(&limiter, &mut held, Duration::from_secs(2), 1, roomy).await;
+        assert_eq!(limiter.limit(), 8);
+        run(&limiter, &mut held, Duration::from_secs(1), 5, roomy).await;
+        assert_eq!(limiter.limit(), 4, "collapse: min_limit enforced");
+        // The absorbed backlog drains while the surge goes on; from then on at most the floor
+        // is in flight, and whatever was admitted beyond it finishes first.
+        for _ in 0..30 {
+            run(&limiter, &mut held, Duration::from_millis(100), 5, roomy).await;
+            assert_eq!(limiter.limit(), 4, "still collapsing: the floor holds");
+        }
+        assert!(
+            limiter.in_flight() <= 4,
+            "held at the floor: {}",
+            limiter.in_flight()
+        );
+        // The surge ends: arrivals fall to what finishes, the backlog stops growing, and the
+        // adapted limit is enforced again.
+        run(&limiter, &mut held, Duration::from_secs(2), 1, roomy).await;
+        assert_eq!(limiter.limit(), 8, "no collapse: the adapted limit again");
         assert_eq!(
             run(&limiter, &mut held, Duration::from_secs(1), 1, roomy).await,
             0
