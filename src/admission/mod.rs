@@ -289,6 +289,11 @@ impl Shared {
         }
     }
 
+    /// The limit admission enforces now (see [`Shared::enforced`]).
+    fn enforced_limit(&self) -> usize {
+        self.enforced(self.limit.load(Ordering::Acquire))
+    }
+
     /// The limit admission enforces given the adapted one: the floor while the backlog
     /// collapses, the adapted limit otherwise.
     fn enforced(&self, adapted: usize) -> usize {
@@ -440,7 +445,7 @@ impl AdaptiveLimiter {
         let shared = &self.shared;
         let mut current = shared.in_flight.load(Ordering::Acquire);
         loop {
-            let limit = shared.enforced(shared.limit.load(Ordering::Acquire));
+            let limit = shared.enforced_limit();
             if current >= limit && !shared.admits_past_limit(now, current, slack) {
                 return Err(shared.refuse(limit, current));
             }
@@ -468,7 +473,7 @@ impl AdaptiveLimiter {
     pub fn check_within_at(&self, now: Instant, slack: Duration) -> Result<(), Overloaded> {
         let shared = &self.shared;
         let current = shared.in_flight.load(Ordering::Acquire);
-        let limit = shared.enforced(shared.limit.load(Ordering::Acquire));
+        let limit = shared.enforced_limit();
         if current >= limit && !shared.admits_past_limit(now, current, slack) {
             return Err(shared.refuse(limit, current));
         }
@@ -478,8 +483,7 @@ impl AdaptiveLimiter {
     /// The limit enforced now: the adapted one, or `min_limit` while the backlog collapses
     /// (`usize::MAX` when disabled).
     pub fn limit(&self) -> usize {
-        self.shared
-            .enforced(self.shared.limit.load(Ordering::Acquire))
+        self.shared.enforced_limit()
     }
 
     /// Requests holding a permit now.
