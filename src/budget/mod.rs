@@ -125,6 +125,18 @@ impl Budgeter {
         self.admission_floor
     }
 
+    /// The longest wait a backlog may add to a request admitted past the concurrency limit:
+    /// the tightest cap among the request path's steps. Every request in flight works the
+    /// backlog off at once, so its wait lands inside its calls, and a call that waits past
+    /// its step's cap ends (a decline) however much of the deadline is left.
+    pub fn backlog_wait_bound(&self) -> Duration {
+        let s = &self.steps;
+        [s.cart.cap, s.fraud.cap, s.inventory.cap, s.wallet_hold.cap]
+            .into_iter()
+            .min()
+            .unwrap_or(Duration::ZERO)
+    }
+
     /// The request-path budget of `step`, leaving the return reserve and the minimum budgets of
     /// the later mandatory stages.
     pub fn allot(&self, deadline: &Deadline, step: Step) -> Result<ChildBudget, NotSent> {
@@ -278,6 +290,18 @@ mod tests {
         assert!(b.admit(&d).is_ok());
         let cart = b.allot_at(&d, Step::Cart, now).expect("cart is sent");
         assert!(cart.timeout() >= Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_backlog_may_add_no_more_wait_than_the_tightest_step_cap() {
+        let b = Budgeter::new(&DeadlinePolicy::default(), &Steps::default());
+        // inventory's 150 ms is the tightest of 300, 450, 150 and 800.
+        assert_eq!(b.backlog_wait_bound(), Duration::from_millis(150));
+        let mut steps = Steps::default();
+        steps.inventory.cap = Duration::from_millis(600);
+        steps.cart.cap = Duration::from_millis(250);
+        let b = Budgeter::new(&DeadlinePolicy::default(), &steps);
+        assert_eq!(b.backlog_wait_bound(), Duration::from_millis(250));
     }
 
     #[test]

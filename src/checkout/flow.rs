@@ -173,7 +173,7 @@ impl Orchestrator {
     /// Sheds what the service cannot answer well now (docs/design.md §10, admission control):
     /// when the queueing the service adds already exceeds the request's slack beyond the
     /// shortest path, or at the adaptive concurrency limit unless the limiter lets it past (a
-    /// backlog that drains, and working it off fits the slack). A refused request is neither
+    /// backlog that drains, and working it off fits the slack and the tightest step cap). A refused request is neither
     /// recorded nor sent.
     fn admit_load(&self, deadline: &Deadline) -> Result<Permit, CheckoutError> {
         let slack = self.slack(deadline);
@@ -181,7 +181,7 @@ impl Orchestrator {
             Some(cause) => Err(cause),
             None => self
                 .limiter
-                .try_acquire_within_at(tokio::time::Instant::now(), slack)
+                .try_acquire_within_at(tokio::time::Instant::now(), self.backlog_slack(slack))
                 .map_err(|refused| Overload::ConcurrencyLimit {
                     limit: refused.limit,
                 }),
@@ -199,7 +199,7 @@ impl Orchestrator {
         let slack = self.slack(deadline);
         let cause = self.queueing_exceeds_slack(slack).or_else(|| {
             self.limiter
-                .check_within_at(tokio::time::Instant::now(), slack)
+                .check_within_at(tokio::time::Instant::now(), self.backlog_slack(slack))
                 .err()
                 .map(|refused| Overload::ConcurrencyLimit {
                     limit: refused.limit,
@@ -228,6 +228,14 @@ impl Orchestrator {
         deadline
             .remaining()
             .saturating_sub(self.budgeter.admission_floor())
+    }
+
+    /// The wait past the concurrency limit a request with `slack` may be admitted into: its
+    /// slack, but never more than the tightest step cap (see [`Budgeter::backlog_wait_bound`]) —
+    /// a backlog the deadline affords but a step's cap does not turns admitted orders into
+    /// declines, where a refusal would have let the caller retry.
+    fn backlog_slack(&self, slack: Duration) -> Duration {
+        slack.min(self.budgeter.backlog_wait_bound())
     }
 
     fn queueing_exceeds_slack(&self, slack: Duration) -> Option<Overload> {
