@@ -94,6 +94,8 @@ pub struct Budgeter {
     steps: Steps,
     /// See [`Budgeter::admission_floor`]; computed once from the policy.
     admission_floor: Duration,
+    /// See [`Budgeter::backlog_wait_bound`]; computed once from the policy.
+    backlog_wait_bound: Duration,
 }
 
 impl Budgeter {
@@ -103,6 +105,12 @@ impl Budgeter {
             deadline: *deadline,
             steps: *steps,
             admission_floor: admission_floor(deadline, steps),
+            backlog_wait_bound: steps
+                .cart
+                .cap
+                .min(steps.fraud.cap)
+                .min(steps.inventory.cap)
+                .min(steps.wallet_hold.cap),
         }
     }
 
@@ -130,11 +138,7 @@ impl Budgeter {
     /// backlog off at once, so its wait lands inside its calls, and a call that waits past
     /// its step's cap ends (a decline) however much of the deadline is left.
     pub fn backlog_wait_bound(&self) -> Duration {
-        let s = &self.steps;
-        [s.cart.cap, s.fraud.cap, s.inventory.cap, s.wallet_hold.cap]
-            .into_iter()
-            .min()
-            .unwrap_or(Duration::ZERO)
+        self.backlog_wait_bound
     }
 
     /// The request-path budget of `step`, leaving the return reserve and the minimum budgets of

@@ -173,8 +173,8 @@ impl Orchestrator {
     /// Sheds what the service cannot answer well now (docs/design.md §10, admission control):
     /// when the queueing the service adds already exceeds the request's slack beyond the
     /// shortest path, or at the adaptive concurrency limit unless the limiter lets it past (a
-    /// backlog that drains, and working it off fits the slack and the tightest step cap). A refused request is neither
-    /// recorded nor sent.
+    /// backlog that drains, and working it off fits the slack and the tightest step cap). A
+    /// refused request is neither recorded nor sent.
     fn admit_load(&self, deadline: &Deadline) -> Result<Permit, CheckoutError> {
         let slack = self.slack(deadline);
         let admitted = match self.queueing_exceeds_slack(slack) {
