@@ -3,7 +3,9 @@
 //! normal rate (30 % of saturation), surges to 4,400 orders/s (four times the timeout contract's peak) for
 //! 10 s, and returns to the normal rate. A machine that saturates above 2,200/s gets twice its
 //! saturation instead: a surge it could nearly absorb would test no shedding. Expected:
-//! - CONFIRMED throughput during the surge >= 0.8 x the saturation throughput of the same run;
+//! - CONFIRMED throughput during the surge >= 0.8 x the saturation throughput of the same run
+//!   (in `--quick` a figure; judged there instead: >= 0.5 x, no collapse, and >= 99 % of the
+//!   orders admitted during the surge CONFIRMED);
 //! - no answer after its deadline;
 //! - PENDING `BUDGET_EXHAUSTED` <= 1 % of admitted orders;
 //! - refusals (`RESOURCE_EXHAUSTED`, ErrorInfo `OVERLOADED`) answered with p99 <= 20 ms at the
@@ -45,6 +47,14 @@ const FULL_SURGE: f64 = 4_400.0;
 const FULL_SURGE_OVER_SATURATION: f64 = 2.0;
 /// `--quick` surges to this many times the measured saturation throughput.
 const QUICK_SURGE_FACTOR: f64 = 4.0;
+/// The goodput target: CONFIRMED/s during the surge as a share of saturation.
+const GOODPUT_SHARE: f64 = 0.8;
+/// Below this share of saturation the surge collapsed the service: judged in `--quick` too, far
+/// below the spread a shared machine adds (0.73-1.22 x over eight quick rounds).
+const COLLAPSE_SHARE: f64 = 0.5;
+/// Of the orders admitted during the surge, at least this share is CONFIRMED: an admitted
+/// order is one the deadline and the step caps afford.
+const ADMITTED_CONFIRMED_PERCENT: f64 = 99.0;
 
 /// Runs the scenario.
 pub async fn run(options: &Options) -> Result<Report, ScenarioError> {
@@ -142,14 +152,34 @@ async fn drive(rig: &Rig, options: &Options) -> Result<Report, ScenarioError> {
     let surge = samples.between(surge_from, surge_to);
     let confirmed = surge.outcome("CONFIRMED") as f64 / surge_for.as_secs_f64();
     report.setup(format!("during the surge: {}", surge.outcomes_text()));
-    report.check(
+    let ratio = confirmed / saturated.max(1e-9);
+    // The target is a ratio of two throughputs measured seconds apart on a shared machine; in
+    // `--quick` (2 s against 3 s) it flipped one run in four to six, so there it is a figure and
+    // the two checks below judge what shedding must do whatever the machine's speed.
+    report.speed(
+        options.quick,
         "CONFIRMED/s during the surge",
         format!(">= 0.8 x saturation ({:.0}/s)", 0.8 * saturated),
+        format!("{confirmed:.0}/s ({ratio:.2} x)"),
+        saturated > 0.0 && ratio >= GOODPUT_SHARE,
+    );
+    report.check(
+        "... no collapse",
+        format!(">= {COLLAPSE_SHARE} x saturation"),
+        format!("{ratio:.2} x"),
+        saturated > 0.0 && ratio >= COLLAPSE_SHARE,
+    );
+    let admitted_in_surge = surge.count(|s| s.admitted);
+    let confirmed_in_surge = surge.outcome("CONFIRMED");
+    report.check(
+        "... admitted orders CONFIRMED",
+        format!(">= {ADMITTED_CONFIRMED_PERCENT} % (admit only what can finish)"),
         format!(
-            "{confirmed:.0}/s ({:.2} x)",
-            confirmed / saturated.max(1e-9)
+            "{confirmed_in_surge} of {admitted_in_surge} ({:.1} %)",
+            percent(confirmed_in_surge, admitted_in_surge)
         ),
-        saturated > 0.0 && confirmed >= 0.8 * saturated,
+        admitted_in_surge > 0
+            && percent(confirmed_in_surge, admitted_in_surge) >= ADMITTED_CONFIRMED_PERCENT,
     );
     let late = samples.count(|s| s.late);
     report.check(
