@@ -167,7 +167,8 @@ async fn serve_probed(
             downstreams.clone(),
             Arc::clone(&store),
         )
-        .yielding_to(orchestrator.limiter().clone()),
+        .yielding_to(orchestrator.limiter().clone())
+        .publishing_lag_to(Arc::clone(orchestrator.follow_up_lag())),
     );
 
     let mut routes = RoutesBuilder::default();

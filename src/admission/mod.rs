@@ -7,6 +7,7 @@
 //! and `RetryInfo` from [`Overloaded::retry_after`]; nothing recorded, nothing sent.
 
 pub mod backlog;
+pub mod follow_up;
 pub mod limit;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -19,6 +20,7 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 pub use backlog::Backlog;
+pub use follow_up::FollowUpLag;
 pub use limit::{FixedLimit, GradientLimit, Limit, Sample};
 
 /// `[admission]`: the adaptive concurrency limit of PlaceOrder.
@@ -70,6 +72,11 @@ pub struct AdmissionPolicy {
     /// stands and grows, `min_limit` is enforced, whatever the adapted limit.
     #[serde(with = "humantime_serde")]
     pub standing_interval: Duration,
+    /// How long due follow-up work (captures, commits, releases) may wait for the worker
+    /// before new orders are refused ([`follow_up`]): past it a growing share of them, all at
+    /// twice it. Zero turns the rule off.
+    #[serde(with = "humantime_serde")]
+    pub follow_up_lag_target: Duration,
 }
 
 impl Default for AdmissionPolicy {
@@ -83,7 +90,10 @@ impl Default for AdmissionPolicy {
     /// (`scenario surge`, floor 256: 919 answers late), a lower one buys no shorter queues.
     /// The limit is also pinned to `min_limit` while the no-load latency is measured again
     /// (about `min_rtt_samples` requests, ~25 ms at the peak, every `min_rtt_interval`); the
-    /// first measurement, at start, runs at `initial_limit`.
+    /// first measurement, at start, runs at `initial_limit`. `follow_up_lag_target` is 10 s:
+    /// a worker that keeps up claims due jobs within its poll interval (100 ms), and a stall or
+    /// a restart of a few seconds leaves them waiting less than that, while a worker outgrown
+    /// by the peak (the slow machine's soak, docs/benchmarks.md) fell minutes behind.
     fn default() -> Self {
         Self {
             enabled: true,
@@ -102,6 +112,7 @@ impl Default for AdmissionPolicy {
             drop_backoff: 0.9,
             retry_after: Duration::from_secs(1),
             standing_interval: Duration::from_millis(500),
+            follow_up_lag_target: Duration::from_secs(10),
         }
     }
 }
@@ -181,6 +192,10 @@ impl AdmissionPolicy {
         {
             let value = format!("{:?}", self.standing_interval);
             return bad("standing_interval", value, "must be 10ms-10s");
+        }
+        if self.follow_up_lag_target > Duration::from_secs(3600) {
+            let value = format!("{:?}", self.follow_up_lag_target);
+            return bad("follow_up_lag_target", value, "must be at most 1h (0s: off)");
         }
         Ok(())
     }

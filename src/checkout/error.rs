@@ -135,17 +135,29 @@ pub enum Overload {
         /// The request's slack.
         slack: Duration,
     },
+    /// The worker is behind its follow-up work (captures, commits, releases) by more than
+    /// `admission.follow_up_lag_target`, and this order fell in the share refused until it
+    /// catches up.
+    FollowUpBehind {
+        /// How long the due jobs it last claimed had waited.
+        lag: Duration,
+    },
 }
 
 impl Overload {
     /// Every value [`Overload::as_str`] returns.
-    pub const CAUSES: [&'static str; 2] = ["concurrency_limit", "queueing_exceeds_slack"];
+    pub const CAUSES: [&'static str; 3] = [
+        "concurrency_limit",
+        "queueing_exceeds_slack",
+        "follow_up_behind",
+    ];
 
     /// The `ErrorInfo` metadata value and metrics label.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::ConcurrencyLimit { .. } => "concurrency_limit",
             Self::QueueingExceedsSlack { .. } => "queueing_exceeds_slack",
+            Self::FollowUpBehind { .. } => "follow_up_behind",
         }
     }
 }
@@ -164,6 +176,11 @@ impl std::fmt::Display for Overload {
                 "expected queueing of {} ms exceeds the {} ms this deadline leaves beyond the shortest path",
                 expected_wait.as_millis(),
                 slack.as_millis()
+            ),
+            Self::FollowUpBehind { lag } => write!(
+                f,
+                "the worker is {} ms behind its follow-up work (captures, commits, releases)",
+                lag.as_millis()
             ),
         }
     }
@@ -294,6 +311,7 @@ mod tests {
                 expected_wait: second,
                 slack: second,
             },
+            Overload::FollowUpBehind { lag: second },
         ];
         let seen: Vec<&str> = causes.iter().map(|c| c.as_str()).collect();
         assert_eq!(seen, Overload::CAUSES);

@@ -39,7 +39,7 @@ use super::{
     AuthPolicy, CheckoutError, FraudPolicy, OrderRequest, Overload, Reason, RetryAfterPolicy,
     Verdict,
 };
-use crate::admission::{AdaptiveLimiter, AdmissionPolicy, Permit};
+use crate::admission::{AdaptiveLimiter, AdmissionPolicy, FollowUpLag, Permit};
 use crate::budget::{Budgeter, ChildBudget, Step, StepOutcome, Waterfall};
 use crate::deadline::{Deadline, DeadlinePolicy, millis};
 use crate::downstream::operation_context;
@@ -81,6 +81,8 @@ pub struct Orchestrator {
     budgeter: Budgeter,
     /// Load shedding: the adaptive concurrency limit on orders in flight.
     limiter: AdaptiveLimiter,
+    /// Load shedding by the worker's debt: how long due follow-up jobs wait for it.
+    follow_up: Arc<FollowUpLag>,
     downstreams: Downstreams,
     store: Arc<dyn OrderStore>,
     /// The store's clock: every time this orchestrator stores, forwards or reads (the
@@ -136,11 +138,18 @@ impl Orchestrator {
         store_health: Arc<StoreHealth>,
     ) -> Self {
         let limiter = AdaptiveLimiter::new(&settings.admission);
+        let admission = &settings.admission;
+        let follow_up = Arc::new(FollowUpLag::new(if admission.enabled {
+            admission.follow_up_lag_target
+        } else {
+            Duration::ZERO
+        }));
         // The gauges show the limit from the start, not from the first order.
         metrics::admission(limiter.limit(), limiter.in_flight());
         Self {
             budgeter: Budgeter::new(&settings.deadline, &settings.steps),
             limiter,
+            follow_up,
             settings,
             downstreams,
             clock: store.clock(),
@@ -170,20 +179,35 @@ impl Orchestrator {
         &self.limiter
     }
 
+    /// Where the worker publishes how long due follow-up jobs waited for it; past
+    /// `admission.follow_up_lag_target` a share of new orders is refused.
+    pub fn follow_up_lag(&self) -> &Arc<FollowUpLag> {
+        &self.follow_up
+    }
+
     /// Sheds what the service cannot answer well now (docs/design.md §10, admission control):
     /// when the queueing the service adds already exceeds the request's slack beyond the
     /// shortest path, or at the adaptive concurrency limit unless the limiter lets it past (a
-    /// backlog that drains, and working it off fits the slack and the tightest step cap). A
-    /// refused request is neither recorded nor sent.
+    /// backlog that drains, and working it off fits the slack and the tightest step cap) — or
+    /// in the share refused while the worker is behind its follow-up work. A refused request
+    /// is neither recorded nor sent.
     fn admit_load(&self, deadline: &Deadline) -> Result<Permit, CheckoutError> {
         let slack = self.slack(deadline);
         let admitted = match self.queueing_exceeds_slack(slack) {
             Some(cause) => Err(cause),
             None => self
-                .limiter
-                .try_acquire_within_at(tokio::time::Instant::now(), self.backlog_slack(slack))
-                .map_err(|refused| Overload::ConcurrencyLimit {
-                    limit: refused.limit,
+                .follow_up
+                .admit()
+                .map_err(|lag| Overload::FollowUpBehind { lag })
+                .and_then(|()| {
+                    self.limiter
+                        .try_acquire_within_at(
+                            tokio::time::Instant::now(),
+                            self.backlog_slack(slack),
+                        )
+                        .map_err(|refused| Overload::ConcurrencyLimit {
+                            limit: refused.limit,
+                        })
                 }),
         };
         self.judged(admitted)
@@ -198,6 +222,9 @@ impl Orchestrator {
         self.store_up()?;
         let slack = self.slack(deadline);
         let cause = self.queueing_exceeds_slack(slack).or_else(|| {
+            if let Err(lag) = self.follow_up.check_all_refused() {
+                return Some(Overload::FollowUpBehind { lag });
+            }
             self.limiter
                 .check_within_at(tokio::time::Instant::now(), self.backlog_slack(slack))
                 .err()

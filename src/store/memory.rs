@@ -426,14 +426,14 @@ impl OrderStore for MemoryStore {
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut state = self.lock()?;
         state.hand_over_takeovers(now_ms);
-        let due: Vec<i64> = state
+        let due: Vec<(i64, i64)> = state
             .pending
             .range(..=(now_ms, i64::MAX))
             .take(limit)
-            .map(|&(_, id)| id)
+            .copied()
             .collect();
         let mut claimed = Vec::with_capacity(due.len());
-        for id in due {
+        for (due_at_ms, id) in due {
             state.update_job(id, |job| {
                 job.lease_owner = Some(owner.to_owned());
                 job.run_at_ms = lease_until_ms;
@@ -446,6 +446,7 @@ impl OrderStore for MemoryStore {
                     attempts: job.attempts,
                     rejections: job.rejections,
                     failing_since_ms: job.failing_since_ms,
+                    due_at_ms,
                     lease_owner: owner.to_owned(),
                     lease_until_ms,
                 };

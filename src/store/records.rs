@@ -420,6 +420,9 @@ pub struct Job {
     /// When the job first failed transiently (epoch ms), if it has: after `worker.park_after`
     /// of transient failures it parks.
     pub failing_since_ms: Option<i64>,
+    /// When it was due (epoch ms, before the lease moved its run time): how long due work waited
+    /// for the worker is the claim's time minus this.
+    pub due_at_ms: i64,
     /// Who holds the lease.
     pub lease_owner: String,
     /// The lease token: the lease is lost if another claim changed it.

@@ -7,7 +7,9 @@
 //! spend a [`RetryBudget`] — compensations (releases) their own, so they never starve behind
 //! captures during an outage; when a budget is spent its retries wait. While the request path
 //! is shedding load (its admission limiter refusing orders), the worker yields: it runs at most
-//! 1/[`YIELD_DIVISOR`] of `worker.concurrency` attempts, but never stops. Terminal orders past
+//! 1/[`YIELD_DIVISOR`] of `worker.concurrency` attempts, but never stops. The other way round,
+//! each claim publishes how long its due jobs had waited ([`FollowUpLag`]), and admission
+//! refuses a share of new orders while that grows past its target. Terminal orders past
 //! retention are purged here too.
 
 mod backoff;
@@ -35,7 +37,7 @@ pub use operator::OperatorApi;
 pub use policy::{IdempotencyPolicy, Settings, WorkerPolicy};
 pub use retry_budget::{RetryBudget, RetryBudgetPolicy};
 
-use crate::admission::AdaptiveLimiter;
+use crate::admission::{AdaptiveLimiter, FollowUpLag};
 use crate::budget::Budgeter;
 use crate::deadline::{Deadline, millis};
 use crate::downstream::Downstreams;
@@ -57,6 +59,8 @@ pub struct Worker {
     owner: String,
     /// The request path's admission limit: while it sheds, the worker yields.
     pressure: Option<AdaptiveLimiter>,
+    /// Where each claim publishes how long its due jobs had waited.
+    lag: Option<Arc<FollowUpLag>>,
     /// Claims completed, whether they found jobs or not: `WorkerStats.claims`. Claims run one
     /// at a time, so the second one counted after any moment began after it.
     claims: Arc<AtomicU64>,
@@ -68,6 +72,15 @@ pub const YIELD_DIVISOR: usize = 8;
 
 /// The request path counts as shedding for this long after its last refusal.
 const SHEDDING_HOLD: Duration = Duration::from_secs(1);
+
+/// How long the longest-waiting of the `claimed` jobs had been due at `now_ms` (zero when
+/// none was claimed).
+fn waited(claimed: &[Claimed], now_ms: i64) -> Duration {
+    let oldest = claimed.iter().map(|c| c.job.due_at_ms).min();
+    oldest.map_or(Duration::ZERO, |due_at_ms| {
+        Duration::from_millis(u64::try_from(now_ms - due_at_ms).unwrap_or(0))
+    })
+}
 
 /// Whether the request path is shedding, from its limiter's refusal count.
 struct Shedding {
@@ -123,6 +136,7 @@ impl Worker {
             store,
             owner,
             pressure: None,
+            lag: None,
             claims: Arc::default(),
         }
     }
@@ -131,6 +145,13 @@ impl Worker {
     /// 1/[`YIELD_DIVISOR`] of `worker.concurrency` attempts at once.
     pub fn yielding_to(mut self, limiter: AdaptiveLimiter) -> Self {
         self.pressure = Some(limiter);
+        self
+    }
+
+    /// Publishes to `lag`, after each claim, how long the due jobs claimed had waited (zero
+    /// when none was due): admission's measure of the worker's debt.
+    pub fn publishing_lag_to(mut self, lag: Arc<FollowUpLag>) -> Self {
+        self.lag = Some(lag);
         self
     }
 
@@ -206,6 +227,9 @@ impl Worker {
                 .await
             {
                 Ok(jobs) => {
+                    if let Some(lag) = &self.lag {
+                        lag.observe(waited(&jobs, now));
+                    }
                     self.claims.fetch_add(1, Ordering::Release);
                     if failing.recovered() {
                         tracing::info!("the worker can claim jobs again");
@@ -465,6 +489,34 @@ mod tests {
     use super::*;
     use crate::admission::FixedLimit;
     use crate::store::StoreError;
+
+    /// A claim's lag is how long its longest-waiting job had been due; a claim that found
+    /// nothing due has none.
+    #[test]
+    fn a_claims_lag_is_its_longest_wait() {
+        let claimed = |due_at_ms| Claimed {
+            job: Job {
+                id: due_at_ms,
+                order_id: "o".into(),
+                kind: JobKind::WalletCapture,
+                attempts: 0,
+                rejections: 0,
+                failing_since_ms: None,
+                due_at_ms,
+                lease_owner: "w".into(),
+                lease_until_ms: 0,
+            },
+            order: None,
+        };
+        assert_eq!(waited(&[], 5_000), Duration::ZERO);
+        let jobs = [claimed(4_000), claimed(1_500), claimed(4_900)];
+        assert_eq!(waited(&jobs, 5_000), Duration::from_millis(3_500));
+        assert_eq!(
+            waited(&[claimed(6_000)], 5_000),
+            Duration::ZERO,
+            "a due time ahead of this clock (another replica's) is no wait"
+        );
+    }
 
     /// While the request path refuses orders the worker runs an eighth of its attempts (at
     /// least one: it never stops), for SHEDDING_HOLD after the last refusal on paused time,

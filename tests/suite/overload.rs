@@ -1,8 +1,9 @@
 //! Overload and tail tolerance over real gRPC (docs/design.md §10): orders past the admission limit
 //! are refused at once with nothing recorded or sent; a full bulkhead or an open breaker keeps
 //! a call from being sent and declines WALLET_UNAVAILABLE (retryable, no reconcile work); the
-//! duplicate-safe steps hedge, and the losing attempt is cancelled; and orders backing up
-//! behind a store that stopped answering are refused for the store, not as overload.
+//! duplicate-safe steps hedge, and the losing attempt is cancelled; orders backing up
+//! behind a store that stopped answering are refused for the store, not as overload; and a
+//! worker behind its follow-up work turns new orders away until it catches up.
 
 use crate::common;
 
@@ -482,5 +483,80 @@ async fn orders_backing_up_behind_a_silent_store_are_refused_for_the_store_not_a
         },
     )
     .await;
+    h.stop().await;
+}
+
+/// The cause an OVERLOADED refusal names, if `answer` is one.
+fn overload_cause(answer: &Result<pb::Order, tonic::Status>) -> Option<String> {
+    let status = answer.as_ref().err()?;
+    let info = status.get_details_error_info()?;
+    (info.reason == "OVERLOADED")
+        .then(|| info.metadata.get("cause").cloned())
+        .flatten()
+}
+
+/// A worker that falls behind its follow-up work turns new orders away until it catches up
+/// (docs/design.md §10). One attempt at a time and captures taking 700 ms: every order placed
+/// adds a capture the worker takes longer to reach, until the due jobs it claims have waited
+/// past twice `follow_up_lag_target` (500 ms). Then an order is refused at once, OVERLOADED
+/// `follow_up_behind` with RetryInfo, nothing recorded under its key — while the request path
+/// itself is idle. Once captures are fast again the worker catches up and orders are CONFIRMED.
+#[tokio::test]
+async fn a_worker_behind_its_follow_up_work_turns_new_orders_away_until_it_catches_up() {
+    let h = start_with(|c| {
+        c.worker.concurrency = 1;
+        c.admission.follow_up_lag_target = Duration::from_millis(500);
+    })
+    .await;
+    h.configure("wallet", "Capture", behavior(700, Fault::None))
+        .await;
+    let placed = std::sync::atomic::AtomicUsize::new(0);
+    let place_next = || {
+        let n = placed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = format!("behind-{n}");
+        let h = &h;
+        async move {
+            let (answer, took) = h.place(order(&key, "cart-1"), SECOND).await;
+            (key, answer, took)
+        }
+    };
+    let (key, answer, took) = poll_until(
+        "an order refused while the worker is behind",
+        60 * SECOND,
+        Duration::from_millis(100),
+        place_next,
+        |(_, answer, _)| overload_cause(answer).is_some(),
+    )
+    .await;
+    assert_eq!(
+        overload_cause(&answer).as_deref(),
+        Some("follow_up_behind"),
+        "{answer:?}"
+    );
+    let status = answer.expect_err("refused");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.get_details_retry_info().is_some(), "{status:?}");
+    assert!(took < SECOND / 2, "a refusal is answered at once: {took:?}");
+    assert_eq!(
+        h.get_by_key(&key).await.expect_err("nothing recorded").code(),
+        Code::NotFound
+    );
+    assert!(
+        h.method("wallet", "Capture").await.received >= 2,
+        "refused only once captures queued behind one another"
+    );
+
+    h.configure("wallet", "Capture", behavior(0, Fault::None))
+        .await;
+    let (_, caught_up, _) = poll_until(
+        "an order admitted once the worker caught up",
+        60 * SECOND,
+        Duration::from_millis(100),
+        place_next,
+        |(_, answer, _)| answer.is_ok(),
+    )
+    .await;
+    let order = caught_up.expect("admitted");
+    assert_eq!(order.status(), OrderStatus::Confirmed, "{order:?}");
     h.stop().await;
 }

@@ -527,7 +527,7 @@ mod cases {
                 .expect("retry")
         );
         let second = claim_one(store, 1_500, 9_000).await;
-        assert_eq!(second.attempts, 1);
+        assert_eq!((second.attempts, second.due_at_ms), (1, 1_500), "due at its retry");
 
         let mut exhausted = decision("o-1", OrderStatus::Pending, "BUDGET_EXHAUSTED", 1_600);
         exhausted.jobs = vec![NewJob {
@@ -549,7 +549,8 @@ mod cases {
         assert_eq!((third.id, third.attempts), (first.id, 0));
     }
 
-    /// Claims take due jobs oldest first, up to the limit; jobs not yet due wait.
+    /// Claims take due jobs oldest first, up to the limit, each with the time it was due (the
+    /// worker's lag is measured from it); jobs not yet due wait.
     pub async fn claims_take_due_jobs_oldest_first_up_to_the_limit(store: Arc<dyn OrderStore>) {
         let store = &*store;
         for (id, takeover) in [
@@ -572,6 +573,8 @@ mod cases {
         let first = store.claim_due("w", 100, 500, 3).await.expect("claim");
         let ids: Vec<_> = first.iter().map(|c| c.job.order_id.as_str()).collect();
         assert_eq!(ids, ["o-e", "o-d", "o-c"]);
+        let due: Vec<_> = first.iter().map(|c| c.job.due_at_ms).collect();
+        assert_eq!(due, [10, 20, 30], "due times, not the lease's run time");
         assert!(
             first
                 .iter()
@@ -588,6 +591,8 @@ mod cases {
         let rest = store.claim_due("w", 100, 500, 3).await.expect("claim");
         let ids: Vec<_> = rest.iter().map(|c| c.job.order_id.as_str()).collect();
         assert_eq!(ids, ["o-b", "o-a"]);
+        let due: Vec<_> = rest.iter().map(|c| c.job.due_at_ms).collect();
+        assert_eq!(due, [40, 50]);
     }
 
     /// A lease is a token: a finish from the wrong owner or with a stale lease changes nothing,

@@ -241,6 +241,7 @@ async fn load(
 /// A claimed job from a [`CLAIM_DUE`] row, with the time it was due.
 fn job_from_row(row: &PgRow, owner: &str, lease_until_ms: i64) -> Result<(i64, Job), Fail> {
     let kind: String = row.try_get("kind")?;
+    let due_at_ms: i64 = row.try_get("due_at_ms")?;
     let job = Job {
         id: row.try_get("id")?,
         order_id: row.try_get("order_id")?,
@@ -248,10 +249,11 @@ fn job_from_row(row: &PgRow, owner: &str, lease_until_ms: i64) -> Result<(i64, J
         attempts: sql::non_negative(row.try_get("attempts")?, "jobs.attempts")?,
         rejections: sql::non_negative(row.try_get("rejections")?, "jobs.rejections")?,
         failing_since_ms: row.try_get("failing_since_ms")?,
+        due_at_ms,
         lease_owner: owner.to_owned(),
         lease_until_ms,
     };
-    Ok((row.try_get("due_at_ms")?, job))
+    Ok((due_at_ms, job))
 }
 
 /// What the store connects with: `url` with the application's name, and nothing sent as a

@@ -112,6 +112,7 @@ pub(super) fn claimed_from_row(
         attempts: sql::non_negative(row.int("job_attempts")?, "jobs.attempts")?,
         rejections: sql::non_negative(row.int("job_rejections")?, "jobs.rejections")?,
         failing_since_ms: row.opt_int("job_failing_since_ms")?,
+        due_at_ms: row.int("job_run_at_ms")?,
         lease_owner: owner.to_owned(),
         lease_until_ms,
     };

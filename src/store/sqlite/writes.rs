@@ -72,7 +72,7 @@ const DECIDE: &str = "UPDATE orders SET phase = 'DECIDED', status = $2, \
 pub(super) const DUE_JOBS: &str = concat!(
     "SELECT jb.id AS job_id, jb.order_id AS job_order_id, jb.kind AS job_kind, ",
     "jb.attempts AS job_attempts, jb.rejections AS job_rejections, ",
-    "jb.failing_since_ms AS job_failing_since_ms, ",
+    "jb.failing_since_ms AS job_failing_since_ms, jb.run_at_ms AS job_run_at_ms, ",
     sql::order_columns_sql!("group_concat"),
     " FROM jobs jb LEFT JOIN orders o ON o.order_id = jb.order_id ",
     "WHERE jb.state = 'pending' AND jb.run_at_ms <= $1 ORDER BY jb.run_at_ms, jb.id LIMIT $2"
