@@ -124,13 +124,20 @@ mod tests {
         for window in refused.chunks(4) {
             assert_eq!(window.iter().filter(|r| **r).count(), 1, "{refused:?}");
         }
-        assert_eq!(lag.check_all_refused(), Ok(()), "the look-ahead only refuses at 100 %");
+        assert_eq!(
+            lag.check_all_refused(),
+            Ok(()),
+            "the look-ahead only refuses at 100 %"
+        );
     }
 
     #[test]
     fn a_worker_that_catches_up_ends_the_refusals() {
         let lag = FollowUpLag::new(TARGET);
-        assert!((0..100).all(|_| lag.admit().is_ok()), "nothing measured yet");
+        assert!(
+            (0..100).all(|_| lag.admit().is_ok()),
+            "nothing measured yet"
+        );
         lag.observe(Duration::from_secs(25));
         assert!((0..100).all(|_| lag.admit().is_err()));
         assert_eq!(lag.check_all_refused(), Err(Duration::from_secs(25)));

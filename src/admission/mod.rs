@@ -195,7 +195,11 @@ impl AdmissionPolicy {
         }
         if self.follow_up_lag_target > Duration::from_secs(3600) {
             let value = format!("{:?}", self.follow_up_lag_target);
-            return bad("follow_up_lag_target", value, "must be at most 1h (0s: off)");
+            return bad(
+                "follow_up_lag_target",
+                value,
+                "must be at most 1h (0s: off)",
+            );
         }
         Ok(())
     }

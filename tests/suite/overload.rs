@@ -538,7 +538,10 @@ async fn a_worker_behind_its_follow_up_work_turns_new_orders_away_until_it_catch
     assert!(status.get_details_retry_info().is_some(), "{status:?}");
     assert!(took < SECOND / 2, "a refusal is answered at once: {took:?}");
     assert_eq!(
-        h.get_by_key(&key).await.expect_err("nothing recorded").code(),
+        h.get_by_key(&key)
+            .await
+            .expect_err("nothing recorded")
+            .code(),
         Code::NotFound
     );
     assert!(

@@ -527,7 +527,11 @@ mod cases {
                 .expect("retry")
         );
         let second = claim_one(store, 1_500, 9_000).await;
-        assert_eq!((second.attempts, second.due_at_ms), (1, 1_500), "due at its retry");
+        assert_eq!(
+            (second.attempts, second.due_at_ms),
+            (1, 1_500),
+            "due at its retry"
+        );
 
         let mut exhausted = decision("o-1", OrderStatus::Pending, "BUDGET_EXHAUSTED", 1_600);
         exhausted.jobs = vec![NewJob {

@@ -42,7 +42,8 @@ pub enum Error {
     Overloaded {
         /// When checkout said to retry (its `RetryInfo`), or [`DEFAULT_RETRY_AFTER`].
         retry_after: Duration,
-        /// Why, as checkout names it (`concurrency_limit`, `queueing_exceeds_slack`).
+        /// Why, as checkout names it (`concurrency_limit`, `queueing_exceeds_slack`,
+        /// `follow_up_behind`).
         cause: String,
     },
     /// This client refused the call locally, sending nothing: checkout has been refusing most

@@ -237,7 +237,7 @@ impl Metrics {
         );
         registry.register(
             "checkout_overloaded",
-            "PlaceOrder calls shed as OVERLOADED, by cause (concurrency_limit, queueing_exceeds_slack)",
+            "PlaceOrder calls shed as OVERLOADED, by cause (concurrency_limit, queueing_exceeds_slack, follow_up_behind)",
             m.overloaded.clone(),
         );
         registry.register(
