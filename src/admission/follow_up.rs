@@ -1,17 +1,24 @@
 //! Admission by the worker's debt (docs/design.md §10): an order confirmed now is captured and
 //! committed later by the worker, so the request path alone cannot say whether the service
 //! keeps up. The worker publishes how long the due jobs it claims had waited (the sojourn
-//! time of its queue, CoDel's signal); past `admission.follow_up_lag_target` a growing share of
-//! new orders is refused, all of them at twice the target. Refusing fewer new orders lets the
-//! worker catch up, so the lag settles between the target and twice it instead of growing
-//! without bound (holds left uncaptured for minutes, the stubs' and the store's memory with
-//! them).
+//! time of its queue, CoDel's signal). Once that has stayed above `admission.follow_up_lag_target`
+//! for as long as the target itself — a standing queue, in CoDel's terms — a growing share of
+//! new orders is refused, all of them at twice the target. A backlog worked off sooner is a
+//! burst, not debt: the jobs a store outage or a restart left overdue are claimed at once when
+//! it ends, and refusing orders then would turn a recovered service away. Refusing fewer new
+//! orders lets a worker really outgrown catch up, so its lag stays near the target instead of
+//! growing without bound (holds left uncaptured for minutes, the stubs' and the store's memory
+//! with them).
 //!
 //! The share is spread evenly over arrivals by a counter, not drawn at random: 25 % refuses
 //! exactly one order in four, and a test can count it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
+
+// Tokio's clock (the same instant outside tests): a test pauses it to play a standing lag.
+use tokio::time::Instant;
 
 /// Refusal shares are counted in parts per this.
 const PARTS: u64 = 1_000;
@@ -33,13 +40,17 @@ pub fn refused_share(lag: Duration, target: Duration) -> u64 {
 }
 
 /// How far behind its due work the worker is, as it last measured, and the admission rule
-/// on it. Shared between the worker (which publishes) and the request path (which reads);
-/// lock-free on both sides.
+/// on it. Shared between the worker (which publishes) and the request path (which reads,
+/// lock-free).
 #[derive(Debug)]
 pub struct FollowUpLag {
     target: Duration,
-    /// The latest sojourn, in nanoseconds.
+    /// The standing lag, in nanoseconds: the latest sojourn once sojourns have stayed above the
+    /// target for the target's length, zero otherwise.
     lag_nanos: AtomicU64,
+    /// Since when every sojourn measured was above the target (`None`: the latest was not).
+    /// Written by the worker's claims only, so never contended.
+    above_since: Mutex<Option<Instant>>,
     /// Arrivals judged while some share was refused: spreads the share evenly.
     arrivals: AtomicU64,
 }
@@ -50,18 +61,41 @@ impl FollowUpLag {
         Self {
             target,
             lag_nanos: AtomicU64::new(0),
+            above_since: Mutex::new(None),
             arrivals: AtomicU64::new(0),
         }
     }
 
-    /// The worker's measurement: the due jobs it just claimed had waited up to `lag` (zero
-    /// when nothing was due).
+    /// The worker's measurement, now: the due jobs it just claimed had waited up to `lag`
+    /// (zero when nothing was due).
     pub fn observe(&self, lag: Duration) {
-        let nanos = u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX);
+        self.observe_at(lag, Instant::now());
+    }
+
+    /// [`FollowUpLag::observe`] at `now`.
+    pub fn observe_at(&self, lag: Duration, now: Instant) {
+        // Plain data: a panic elsewhere cannot leave it half-written.
+        let mut above_since = self
+            .above_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let standing = if self.target.is_zero() || lag <= self.target {
+            *above_since = None;
+            Duration::ZERO
+        } else {
+            let since = *above_since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= self.target {
+                lag
+            } else {
+                Duration::ZERO
+            }
+        };
+        let nanos = u64::try_from(standing.as_nanos()).unwrap_or(u64::MAX);
         self.lag_nanos.store(nanos, Ordering::Relaxed);
     }
 
-    /// The latest measurement.
+    /// The standing lag: the latest measurement once measurements have stayed above the
+    /// target for as long as the target, zero otherwise.
     pub fn lag(&self) -> Duration {
         Duration::from_nanos(self.lag_nanos.load(Ordering::Relaxed))
     }
@@ -115,10 +149,17 @@ mod tests {
         );
     }
 
+    /// A lag that has stood above the target for the target's length, on `lag`.
+    fn standing(lag: &FollowUpLag, sojourn: Duration) {
+        let start = Instant::now();
+        lag.observe_at(sojourn, start);
+        lag.observe_at(sojourn, start + TARGET);
+    }
+
     #[test]
     fn the_share_is_spread_evenly_over_arrivals() {
         let lag = FollowUpLag::new(TARGET);
-        lag.observe(Duration::from_millis(12_500)); // 25 %
+        standing(&lag, Duration::from_millis(12_500)); // 25 %
         let refused: Vec<bool> = (0..1000).map(|_| lag.admit().is_err()).collect();
         assert_eq!(refused.iter().filter(|r| **r).count(), 250);
         for window in refused.chunks(4) {
@@ -138,11 +179,50 @@ mod tests {
             (0..100).all(|_| lag.admit().is_ok()),
             "nothing measured yet"
         );
-        lag.observe(Duration::from_secs(25));
+        standing(&lag, Duration::from_secs(25));
         assert!((0..100).all(|_| lag.admit().is_err()));
         assert_eq!(lag.check_all_refused(), Err(Duration::from_secs(25)));
         lag.observe(Duration::from_millis(150));
         assert!((0..100).all(|_| lag.admit().is_ok()));
         assert_eq!(lag.check_all_refused(), Ok(()));
+    }
+
+    /// The jobs a store outage left overdue, claimed when it ends and worked off within the
+    /// target, refuse nothing; a lag that stays above the target refuses once it has stood
+    /// for the target's length, and not a claim sooner (paused time: one claim a second).
+    #[tokio::test(start_paused = true)]
+    async fn only_a_lag_standing_for_the_target_refuses() {
+        let second = Duration::from_secs(1);
+        let lag = FollowUpLag::new(TARGET);
+        // Worked off: 14 s overdue after a 14 s outage, then 9 s, 4 s, nothing.
+        for sojourn in [14, 9, 4, 0] {
+            lag.observe(sojourn * second);
+            assert_eq!(
+                lag.share(),
+                0,
+                "a backlog draining after an outage ({sojourn} s)"
+            );
+            tokio::time::advance(second).await;
+        }
+        // Outgrown: 12 s and more, every claim, for ten seconds.
+        for waited in 0..10 {
+            lag.observe((12 + waited / 5) * second);
+            assert_eq!(lag.share(), 0, "above the target for {waited} s only");
+            tokio::time::advance(second).await;
+        }
+        lag.observe(14 * second);
+        assert_eq!(
+            lag.share(),
+            400,
+            "stood for the target: 14 s of 10 s refuses 40 %"
+        );
+        lag.observe(10 * second);
+        assert_eq!(
+            lag.share(),
+            0,
+            "back at the target: the queue no longer stands"
+        );
+        lag.observe(14 * second);
+        assert_eq!(lag.share(), 0, "above again: it must stand anew");
     }
 }
