@@ -73,8 +73,8 @@ pub struct AdmissionPolicy {
     #[serde(with = "humantime_serde")]
     pub standing_interval: Duration,
     /// How long due follow-up work (captures, commits, releases) may wait for the worker
-    /// before new orders are refused ([`follow_up`]): past it a growing share of them, all at
-    /// twice it. Zero turns the rule off.
+    /// before new orders are refused ([`follow_up`]): once the wait has stayed past it for as
+    /// long as it, a growing share of them, all at twice it. Zero turns the rule off.
     #[serde(with = "humantime_serde")]
     pub follow_up_lag_target: Duration,
 }

@@ -135,9 +135,9 @@ pub enum Overload {
         /// The request's slack.
         slack: Duration,
     },
-    /// The worker is behind its follow-up work (captures, commits, releases) by more than
-    /// `admission.follow_up_lag_target`, and this order fell in the share refused until it
-    /// catches up.
+    /// The worker has been behind its follow-up work (captures, commits, releases) by more
+    /// than `admission.follow_up_lag_target` for as long, and this order fell in the share
+    /// refused until it catches up.
     FollowUpBehind {
         /// How long the due jobs it last claimed had waited.
         lag: Duration,
