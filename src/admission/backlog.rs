@@ -32,6 +32,31 @@ pub const GROWTH_MARGIN: f64 = 0.10;
 /// not wipe it out.
 pub const CAPACITY_DECAY: f64 = 0.9;
 
+/// Since when a condition has held without a break: CoDel's test of a standing queue, shared
+/// by the in-flight count at the limit ([`Backlog`]) and the worker's lag past its target
+/// ([`super::FollowUpLag`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Standing {
+    since: Option<Instant>,
+}
+
+impl Standing {
+    /// Records whether the condition holds at `now`; a break starts it over.
+    pub fn record(&mut self, holds: bool, now: Instant) {
+        if holds {
+            self.since.get_or_insert(now);
+        } else {
+            self.since = None;
+        }
+    }
+
+    /// Whether it has held for at least `interval` by `now`.
+    pub fn has_stood(&self, interval: Duration, now: Instant) -> bool {
+        self.since
+            .is_some_and(|since| now.saturating_duration_since(since) >= interval)
+    }
+}
+
 /// Arrivals, completions and how long the limit has been exceeded, in windows of
 /// `standing_interval`. The limiter counts arrivals and departures in its own atomic counters
 /// and shows the totals here (under its lock) on every departure and at the limit; plain
@@ -48,7 +73,7 @@ pub struct Backlog {
     /// Requests finished per second, the best recent window's (decayed); zero until measured.
     capacity: f64,
     /// Since when the in-flight count has been at or above the limit.
-    above_since: Option<Instant>,
+    at_limit: Standing,
     /// A collapse was seen and no window since has closed without growth: it lasts until the
     /// offered load falls to what the service completes, however often the in-flight count
     /// dips below the limit meanwhile (it does whenever refusals keep it there).
@@ -65,7 +90,7 @@ impl Backlog {
             departures_at_open: 0,
             growing: false,
             capacity: 0.0,
-            above_since: None,
+            at_limit: Standing::default(),
             collapsed: false,
         }
     }
@@ -100,19 +125,13 @@ impl Backlog {
 
     /// Records whether the in-flight count is at or above the limit now.
     pub fn at_limit(&mut self, at_limit: bool, now: Instant) {
-        if at_limit {
-            self.above_since.get_or_insert(now);
-        } else {
-            self.above_since = None;
-        }
+        self.at_limit.record(at_limit, now);
     }
 
     /// The queue has stood at the limit for a whole interval while growing, or did so and
     /// every window since has grown: the service is not keeping up, and the limit must hold.
     pub fn is_collapsing(&mut self, now: Instant) -> bool {
-        let standing = self
-            .above_since
-            .is_some_and(|since| now.saturating_duration_since(since) >= self.interval);
+        let standing = self.at_limit.has_stood(self.interval, now);
         if standing && self.growing {
             self.collapsed = true;
         }

@@ -20,6 +20,9 @@ use std::time::Duration;
 // Tokio's clock (the same instant outside tests): a test pauses it to play a standing lag.
 use tokio::time::Instant;
 
+use super::AdmissionPolicy;
+use super::backlog::Standing;
+
 /// Refusal shares are counted in parts per this.
 const PARTS: u64 = 1_000;
 
@@ -48,20 +51,30 @@ pub struct FollowUpLag {
     /// The standing lag, in nanoseconds: the latest sojourn once sojourns have stayed above the
     /// target for the target's length, zero otherwise.
     lag_nanos: AtomicU64,
-    /// Since when every sojourn measured was above the target (`None`: the latest was not).
-    /// Written by the worker's claims only, so never contended.
-    above_since: Mutex<Option<Instant>>,
+    /// Since when every sojourn measured was above the target. Written by the worker's claims
+    /// only, so never contended.
+    above: Mutex<Standing>,
     /// Arrivals judged while some share was refused: spreads the share evenly.
     arrivals: AtomicU64,
 }
 
 impl FollowUpLag {
+    /// The rule of `policy`: refusing past `follow_up_lag_target`, never when admission is
+    /// off or the target is zero.
+    pub fn new(policy: &AdmissionPolicy) -> Self {
+        Self::with_target(if policy.enabled {
+            policy.follow_up_lag_target
+        } else {
+            Duration::ZERO
+        })
+    }
+
     /// A rule refusing past `target` (zero: never).
-    pub fn new(target: Duration) -> Self {
+    pub fn with_target(target: Duration) -> Self {
         Self {
             target,
             lag_nanos: AtomicU64::new(0),
-            above_since: Mutex::new(None),
+            above: Mutex::new(Standing::default()),
             arrivals: AtomicU64::new(0),
         }
     }
@@ -75,20 +88,12 @@ impl FollowUpLag {
     /// [`FollowUpLag::observe`] at `now`.
     pub fn observe_at(&self, lag: Duration, now: Instant) {
         // Plain data: a panic elsewhere cannot leave it half-written.
-        let mut above_since = self
-            .above_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let standing = if self.target.is_zero() || lag <= self.target {
-            *above_since = None;
-            Duration::ZERO
+        let mut above = self.above.lock().unwrap_or_else(PoisonError::into_inner);
+        above.record(!self.target.is_zero() && lag > self.target, now);
+        let standing = if above.has_stood(self.target, now) {
+            lag
         } else {
-            let since = *above_since.get_or_insert(now);
-            if now.saturating_duration_since(since) >= self.target {
-                lag
-            } else {
-                Duration::ZERO
-            }
+            Duration::ZERO
         };
         let nanos = u64::try_from(standing.as_nanos()).unwrap_or(u64::MAX);
         self.lag_nanos.store(nanos, Ordering::Relaxed);
@@ -158,7 +163,7 @@ mod tests {
 
     #[test]
     fn the_share_is_spread_evenly_over_arrivals() {
-        let lag = FollowUpLag::new(TARGET);
+        let lag = FollowUpLag::with_target(TARGET);
         standing(&lag, Duration::from_millis(12_500)); // 25 %
         let refused: Vec<bool> = (0..1000).map(|_| lag.admit().is_err()).collect();
         assert_eq!(refused.iter().filter(|r| **r).count(), 250);
@@ -174,7 +179,7 @@ mod tests {
 
     #[test]
     fn a_worker_that_catches_up_ends_the_refusals() {
-        let lag = FollowUpLag::new(TARGET);
+        let lag = FollowUpLag::with_target(TARGET);
         assert!(
             (0..100).all(|_| lag.admit().is_ok()),
             "nothing measured yet"
@@ -193,7 +198,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn only_a_lag_standing_for_the_target_refuses() {
         let second = Duration::from_secs(1);
-        let lag = FollowUpLag::new(TARGET);
+        let lag = FollowUpLag::with_target(TARGET);
         // Worked off: 14 s overdue after a 14 s outage, then 9 s, 4 s, nothing.
         for sojourn in [14, 9, 4, 0] {
             lag.observe(sojourn * second);

@@ -138,12 +138,7 @@ impl Orchestrator {
         store_health: Arc<StoreHealth>,
     ) -> Self {
         let limiter = AdaptiveLimiter::new(&settings.admission);
-        let admission = &settings.admission;
-        let follow_up = Arc::new(FollowUpLag::new(if admission.enabled {
-            admission.follow_up_lag_target
-        } else {
-            Duration::ZERO
-        }));
+        let follow_up = Arc::new(FollowUpLag::new(&settings.admission));
         // The gauges show the limit from the start, not from the first order.
         metrics::admission(limiter.limit(), limiter.in_flight());
         Self {
