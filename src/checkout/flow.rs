@@ -547,7 +547,7 @@ impl Operation {
         let clock = &self.orchestrator.clock;
         let decision = verdict
             .into_decision(&created.order.order_id, clock.now_ms())
-            .not_before(clock.epoch_ms_at(self.deadline.at()));
+            .not_before(clock.latest_epoch_ms_at(self.deadline.at()));
         if self.abandoned.is_cancelled() {
             // Nobody is waiting: take the time needed to make the abandonment durable.
             return self.record_abandonment(created, decision).await;

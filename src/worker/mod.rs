@@ -218,9 +218,13 @@ impl Worker {
                 }
             }
             // The store's clock: due times, takeover times and leases other replicas wrote are
-            // compared on it (docs/design.md §6, One clock).
-            let now = self.store.clock().now_ms();
-            let lease_until = now + millis(self.settings.worker.lease);
+            // compared on it (docs/design.md §6, One clock), at the earliest its time can be,
+            // so nothing is claimed before its time whatever this replica's reading's error;
+            // the lease is written at the latest, so no one takes the job back early either.
+            let clock = self.store.clock();
+            let now = clock.earliest_now_ms();
+            let lease_until =
+                clock.now_ms() + clock.error_ms() + millis(self.settings.worker.lease);
             let claimed = match self
                 .store
                 .claim_due(&self.owner, now, lease_until, free)
