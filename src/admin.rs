@@ -48,6 +48,9 @@ pub async fn serve(
 
 async fn render_metrics(State(admin): State<Admin>) -> impl IntoResponse {
     if let Some(store) = &admin.store {
+        if let Some(bytes) = store.memory_in_use() {
+            metrics::store_memory(bytes);
+        }
         match tokio::time::timeout(STATS_TIMEOUT, store.stats()).await {
             Ok(Ok(stats)) => {
                 // Due times are on the store's clock (docs/design.md §6, One clock).

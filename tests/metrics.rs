@@ -144,6 +144,12 @@ async fn metrics_count_a_known_mix_of_orders_exactly() {
         ) >= 7.0
     );
     assert!(after.contains("checkout_worker_jobs{state=\"pending\"}"));
+    // The SQLite store's memory, read at the scrape: its caches hold the pages just written.
+    let sqlite = sample(&after, "checkout_store_memory_bytes");
+    assert!(
+        sqlite > 0.0,
+        "checkout_store_memory_bytes {sqlite} in:\n{after}"
+    );
     // A scrape reads open work only: counting the done jobs grows with retention.
     assert!(
         !after.contains("checkout_worker_jobs{state=\"done\"}"),

@@ -350,6 +350,12 @@ pub trait OrderStore: Send + Sync + 'static {
     /// afterwards fail with [`StoreError::Unavailable`]. Does nothing by default.
     async fn close(&self) {}
 
+    /// The memory this store holds in this process, bytes, where it keeps count (SQLite: its
+    /// page caches and the rest, under `store.sqlite_memory_limit_mib`); `None` otherwise.
+    fn memory_in_use(&self) -> Option<u64> {
+        None
+    }
+
     /// The clock every time given to this store is read from (see [`StoreClock`]): this
     /// machine's by default; PostgreSQL's, shared by replicas, for [`PostgresStore`].
     fn clock(&self) -> StoreClock {

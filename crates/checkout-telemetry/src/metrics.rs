@@ -116,6 +116,7 @@ struct Metrics {
     retry_budget_exhausted: Counter,
     store_write: Histograms<KindLabel>,
     store_clock_offset: Gauge<f64, AtomicU64>,
+    store_memory: Gauge,
     spans_dropped: Counter,
     breaker_state: Family<BreakerLabels, Gauge>,
     metric_pushes_failed: Counter,
@@ -145,6 +146,7 @@ impl Metrics {
             retry_budget_exhausted: Counter::default(),
             store_write: histograms(),
             store_clock_offset: Gauge::default(),
+            store_memory: Gauge::default(),
             spans_dropped: Counter::default(),
             breaker_state: Family::default(),
             metric_pushes_failed: Counter::default(),
@@ -214,6 +216,11 @@ impl Metrics {
             "checkout_store_clock_offset_seconds",
             "The store's clock minus this machine's, as of the store's last probe (PostgreSQL; 0 for a store of one process): every time the service stores, forwards or reads is on the store's clock",
             m.store_clock_offset.clone(),
+        );
+        registry.register(
+            "checkout_store_memory_bytes",
+            "Memory the SQLite store holds in this process (its page caches and the rest; capped by store.sqlite_memory_limit_mib), as of the last scrape; 0 for PostgreSQL and the in-memory store",
+            m.store_memory.clone(),
         );
         registry.register(
             "checkout_retry_budget_exhausted",
@@ -433,6 +440,13 @@ pub fn store_clock_offset(seconds: f64) {
     METRICS.store_clock_offset.set(seconds);
 }
 
+/// The memory the store holds in this process, read at scrape time (SQLite).
+pub fn store_memory(bytes: u64) {
+    METRICS
+        .store_memory
+        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+}
+
 /// `n` finished spans were not exported: the queue was full, or their export failed.
 pub fn spans_dropped(n: u64) {
     METRICS.spans_dropped.inc_by(n);
@@ -518,6 +532,7 @@ mod tests {
         retry_budget_exhausted();
         store_write("begin", Duration::from_millis(1));
         store_clock_offset(-0.25);
+        store_memory(4096);
         spans_dropped(1);
         stall_watch_lag("thread", Duration::from_micros(80));
         let text = encode();
@@ -534,6 +549,7 @@ mod tests {
             "checkout_worker_jobs{state=\"pending\"} 1",
             "checkout_worker_oldest_due_seconds ",
             "checkout_store_clock_offset_seconds -0.25",
+            "checkout_store_memory_bytes 4096",
             "checkout_retry_budget_exhausted_total ",
             "checkout_store_write_duration_seconds_bucket{",
             "checkout_telemetry_spans_dropped_total ",

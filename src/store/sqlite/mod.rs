@@ -148,6 +148,14 @@ pub fn limit_memory(bytes: u64) -> Result<u64, StoreError> {
     Ok(set.max(0) as u64)
 }
 
+/// The memory SQLite holds in this whole process now, bytes (what [`limit_memory`] caps).
+pub fn memory_used() -> u64 {
+    // SAFETY: `sqlite3_memory_used` only reads SQLite's own memory statistics; it is
+    // thread-safe and needs no connection.
+    let used = unsafe { rusqlite::ffi::sqlite3_memory_used() };
+    used.max(0) as u64
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) `<data_dir>/checkout.db` and applies the schema.
     ///
@@ -414,6 +422,10 @@ impl OrderStore for SqliteStore {
         self.readers
             .read(self.background, rows::count_done_jobs)
             .await
+    }
+
+    fn memory_in_use(&self) -> Option<u64> {
+        Some(memory_used())
     }
 
     async fn close(&self) {
