@@ -64,23 +64,23 @@ struct Inner {
 impl StoreClock {
     /// This machine's clock, offset 0: the clock of a store only this process writes.
     pub fn local() -> Self {
-        Self::new(false)
+        Self::new(false, 0)
     }
 
     /// A clock whose offset a shared store measures (PostgreSQL, see
     /// [`crate::store::PostgresStore::open_with_clock`]); 0 until it does.
     pub fn measured() -> Self {
-        Self::new(true)
+        Self::new(true, 0)
     }
 
-    fn new(measured: bool) -> Self {
+    fn new(measured: bool, local_skew_ms: i64) -> Self {
         Self {
             inner: Arc::new(Inner {
                 offset_ms: AtomicI64::new(0),
                 measured,
                 kept: Mutex::new(None),
                 large: AtomicBool::new(false),
-                local_skew_ms: 0,
+                local_skew_ms,
             }),
         }
     }
@@ -88,15 +88,7 @@ impl StoreClock {
     /// The same clock on a machine whose own clock is `skew_ms` ahead (behind, if negative):
     /// for tests that play a replica with a wrong clock. The offset starts unmeasured again.
     pub fn with_local_skew(&self, skew_ms: i64) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                offset_ms: AtomicI64::new(0),
-                measured: self.inner.measured,
-                kept: Mutex::new(None),
-                large: AtomicBool::new(false),
-                local_skew_ms: skew_ms,
-            }),
-        }
+        Self::new(self.inner.measured, skew_ms)
     }
 
     /// This machine's clock, epoch milliseconds.
@@ -141,6 +133,10 @@ impl StoreClock {
     /// whole milliseconds), widened by [`DRIFT_MS_PER_10_S`] since. 0 for a clock that is not
     /// measured, and until the first reading.
     pub fn error_ms(&self) -> i64 {
+        if !self.inner.measured {
+            // A one-process store's clock is this machine's: no reading, no lock.
+            return 0;
+        }
         self.kept().map_or(0, |kept| kept.bound_ms(Instant::now()))
     }
 
@@ -183,11 +179,13 @@ impl StoreClock {
         };
         let offset = {
             let mut kept = self.inner.kept.lock().unwrap_or_else(|p| p.into_inner());
-            if kept.is_none_or(|k| reading.replaces(&k)) {
-                *kept = Some(reading);
+            match *kept {
+                Some(k) if !reading.replaces(&k) => k.offset_ms,
+                _ => {
+                    *kept = Some(reading);
+                    reading.offset_ms
+                }
             }
-            // `kept` is `Some` here: the first reading is always kept.
-            kept.map_or(reading.offset_ms, |k| k.offset_ms)
         };
         self.inner.offset_ms.store(offset, Ordering::Relaxed);
         checkout_telemetry::metrics::store_clock_offset(offset as f64 / 1000.0);

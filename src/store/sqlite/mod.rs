@@ -149,7 +149,7 @@ pub fn limit_memory(bytes: u64) -> Result<u64, StoreError> {
 }
 
 /// The memory SQLite holds in this whole process now, bytes (what [`limit_memory`] caps).
-pub fn memory_used() -> u64 {
+fn memory_used() -> u64 {
     // SAFETY: `sqlite3_memory_used` only reads SQLite's own memory statistics; it is
     // thread-safe and needs no connection.
     let used = unsafe { rusqlite::ffi::sqlite3_memory_used() };
