@@ -558,7 +558,10 @@ impl Operation {
         )
         .await
         {
-            Ok(stored) => stored,
+            Ok(stored) => {
+                self.orchestrator.follow_up.made(decision.jobs.len());
+                stored
+            }
             Err(error) => {
                 self.store_write_failed();
                 tracing::warn!(order_id = %created.order.order_id, %error, "decision not recorded in time; the worker will finish the order");
@@ -583,7 +586,10 @@ impl Operation {
         let mut delay = Duration::from_millis(100);
         for _ in 0..10 {
             match store.decide(&decision, limit).await {
-                Ok(stored) => return stored,
+                Ok(stored) => {
+                    self.orchestrator.follow_up.made(decision.jobs.len());
+                    return stored;
+                }
                 Err(error) => {
                     tracing::warn!(order_id = %created.order.order_id, %error, "abandonment not recorded yet; retrying");
                     tokio::time::sleep(delay).await;

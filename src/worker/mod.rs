@@ -232,7 +232,7 @@ impl Worker {
             {
                 Ok(jobs) => {
                     if let Some(lag) = &self.lag {
-                        lag.observe(waited(&jobs, now));
+                        lag.observe(waited(&jobs, now), jobs.len());
                     }
                     self.claims.fetch_add(1, Ordering::Release);
                     if failing.recovered() {
