@@ -13,12 +13,12 @@
 //! The share is decided by the wait the work made *now* will see, not by the wait of the job
 //! claimed now: that job became due a whole lag ago, so a rule on it acts on news as old as the
 //! lag, refusing too much after it has already fallen and too little while it climbs — on a
-//! worker outgrown by half it swung between 4 and 18 s with a period of ~50 s. The wait ahead
-//! is the lag scaled by how much faster follow-up jobs are being made (by the request path's
-//! decisions) than worked off (by the worker's claims), both averaged over [`RATE_WINDOW`]:
-//! the due work queued behind the oldest job, over the rate that drains it (Little's law).
-//! It answers a change of admission within seconds, so the share settles where the worker's
-//! pace is (`share_settles_at_the_worker_s_pace` plays the loop both ways).
+//! worker that keeps up with two orders in three it swung between 4 and 18 s with a period of
+//! ~50 s. The wait ahead is the lag scaled by how much faster follow-up jobs are being made (by
+//! the request path's decisions) than worked off (by the worker's claims), both averaged over
+//! [`RATE_WINDOW`]: the due work queued behind the oldest job, over the rate that drains it
+//! (Little's law). It answers a change of admission within seconds, so the share settles where
+//! the worker's pace is (`share_settles_at_the_worker_s_pace` plays the loop both ways).
 //!
 //! The share is spread evenly over arrivals by a counter, not drawn at random: 25 % refuses
 //! exactly one order in four, and a test can count it.
@@ -401,7 +401,7 @@ mod tests {
         windows
     }
 
-    /// A worker outgrown by a third: on the wait ahead the admitted rate settles at the
+    /// A worker that keeps up with two orders in three: on the wait ahead the admitted rate settles at the
     /// worker's pace within two minutes and stays within 10 % of it; on the lag alone it
     /// swings (the test's own control: the same loop with nothing made reported).
     #[test]
